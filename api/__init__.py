@@ -1,0 +1,1 @@
+"""The planner's HTTP service (POST /plan, stored plans, HBM dashboard)."""

@@ -1,0 +1,39 @@
+"""`spmd-planner`: one subcommand per job; each is a thin shell over `planner`.
+
+Exit codes: 0 success, 2 bad input (unreadable file, HLO that does not parse),
+with the located message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from planner.cli import parse_command
+from planner.errors import PlannerError
+
+_COMMANDS = (parse_command,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spmd-planner",
+        description="Find buffers GSPMD leaves under-sharded, size HBM per chip, and plan sharding fixes.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in _COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except PlannerError as e:
+        print(f"spmd-planner: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"spmd-planner: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2

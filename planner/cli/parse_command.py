@@ -1,0 +1,46 @@
+"""`spmd-planner parse [FILE] [--json]`: read a module and summarise it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from planner.data import DEFAULT_DUMP
+from planner.hlo.parser import parse_hlo
+from planner.hlo.summary import render_summary, summarize
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("parse", help="parse HLO text and print a summary of the module")
+    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path: Path = args.file or DEFAULT_DUMP
+    text = read_hlo_text(path)
+    summary = summarize(parse_hlo(text, source=str(path)), len(text.encode()))
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        print(render_summary(summary))
+    return 0
+
+
+def read_hlo_text(path: Path) -> str:
+    """Reads a dump as text; gzip-compressed dumps are accepted too."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        import gzip
+
+        raw = gzip.decompress(raw)
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        from planner.errors import HloParseError
+
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise HloParseError(f"file is not UTF-8 text ({e.reason} at byte {e.start})", line, 1, "", str(path)) from None

@@ -1,0 +1,53 @@
+"""`HloModule` -> HLO text that XLA's parser (and ours) reads back.
+
+Attributes are printed exactly as they were written, so nothing the planner
+does not model is lost; operands are printed by name without inline types.
+"""
+
+from __future__ import annotations
+
+from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.shapes import ArrayShape, Shape
+
+
+def print_module(module: HloModule) -> str:
+    lines = [_header(module)]
+    for section, entries in module.debug_tables:
+        lines.append("")
+        lines.append(section)
+        lines.extend(f"{ident} {value}" for ident, value in entries)
+    for comp in module.computations:
+        lines.append("")
+        lines.extend(print_computation(comp))
+    return "\n".join(lines) + "\n"
+
+
+def print_computation(comp: Computation) -> list[str]:
+    params = ", ".join(f"{p.name}: {_shape_text(p.shape, with_layout=False)}" for p in comp.parameters)
+    signature = f"({params}) -> {_shape_text(comp.root.shape, with_layout=False)}"
+    extra = "".join(f", {key}={text}" for key, text in comp.extra)
+    head = f"{'ENTRY ' if comp.is_entry else ''}%{comp.name} {signature}{extra} {{"
+    body = [f"  {print_instruction(inst, inst.name == comp.root_name)}" for inst in comp.instructions]
+    return [head, *body, "}"]
+
+
+def print_instruction(inst: Instruction, is_root: bool = False) -> str:
+    if inst.opcode == "parameter":
+        args = str(inst.parameter_number)
+    elif inst.opcode == "constant":
+        args = inst.literal or ""
+    else:
+        args = ", ".join(f"%{o}" for o in inst.operands)
+    attrs = "".join(f", {a.key}={a.text}" for a in inst.attributes)
+    root = "ROOT " if is_root else ""
+    return f"{root}%{inst.name} = {_shape_text(inst.shape)} {inst.opcode}({args}){attrs}"
+
+
+def _header(module: HloModule) -> str:
+    return f"HloModule {module.name}" + "".join(f", {a.key}={a.text}" for a in module.attributes)
+
+
+def _shape_text(shape: Shape, with_layout: bool = True) -> str:
+    if isinstance(shape, ArrayShape):
+        return shape.to_text(with_layout)
+    return shape.to_text(with_layout)

@@ -1,0 +1,36 @@
+"""Shared test fixtures: where the real references live.
+
+The references (real dumps from torch_xla and JAX, XLA's own test cases) sit
+in `../shared` beside the repository; `SPMD_SHARED_DIR` overrides that. Tests
+fail, rather than skip, when they are missing: they are the point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
+CORPUS = SHARED / "corpus"
+XLA_CASES = SHARED / "xla_cases" / "sharding_propagation_cases.json"
+
+if not CORPUS.is_dir() or not XLA_CASES.is_file():
+    raise pytest.UsageError(f"reference data not found under {SHARED} (set SPMD_SHARED_DIR to the shared/ folder)")
+
+
+def corpus_hlo_files() -> list[Path]:
+    return sorted(CORPUS.glob("*/*.hlo"))
+
+
+@cache
+def xla_cases() -> list[dict]:
+    return json.loads(XLA_CASES.read_text())["cases"]
+
+
+def truth_files() -> list[Path]:
+    return sorted(CORPUS.glob("torch_xla/*.truth.json")) + sorted(CORPUS.glob("jax/*.xla.json"))

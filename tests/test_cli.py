@@ -1,0 +1,62 @@
+"""The command line: `spmd-planner parse` on the bundled dump and on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import CORPUS
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_console_script_summarises_the_bundled_dump() -> None:
+    result = run(str(BIN / "spmd-planner"), "parse")
+    assert result.returncode == 0, result.stderr
+    assert "module SyncTensorsGraph.2649: 267,437 bytes of text" in result.stdout
+    assert "while.953 in scan.910: body Body.541, condition Condition.865, 8 trips" in result.stdout
+
+
+def test_module_entry_point_prints_json() -> None:
+    path = CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"
+    result = run(sys.executable, "-m", "planner", "parse", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["name"] == "jit_train_step"
+    assert summary["num_partitions"] == 8
+    assert [loop["trip_count"] for loop in summary["while_loops"]] == [8, 8]
+    assert summary["opcode_counts"]["while"] == 2
+    assert summary["text_bytes"] == path.stat().st_size
+
+
+def test_parse_error_exits_2_with_location(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\n\nENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n")
+    result = run(sys.executable, "-m", "planner", "parse", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}:4:23: operand 'p' of 'a' is not defined" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    result = run(sys.executable, "-m", "planner", "parse", str(tmp_path / "nope.hlo"))
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr and "No such file" in result.stderr
+
+
+def test_gzip_and_binary_input(tmp_path: Path) -> None:
+    import gzip
+
+    packed = tmp_path / "step.hlo.gz"
+    packed.write_bytes(gzip.compress((CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_bytes()))
+    assert run(sys.executable, "-m", "planner", "parse", str(packed)).returncode == 0
+    binary = tmp_path / "noise.hlo"
+    binary.write_bytes(b"HloModule m\n\xff\xfe\n")
+    result = run(sys.executable, "-m", "planner", "parse", str(binary))
+    assert result.returncode == 2 and "not UTF-8" in result.stderr
