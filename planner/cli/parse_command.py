@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.data import DEFAULT_DUMP
-from planner.hlo.parser import parse_hlo
+from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.summary import render_summary, summarize
 
 
@@ -28,19 +28,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_summary(summary))
     return 0
-
-
-def read_hlo_text(path: Path) -> str:
-    """Reads a dump as text; gzip-compressed dumps are accepted too."""
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        import gzip
-
-        raw = gzip.decompress(raw)
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as e:
-        from planner.errors import HloParseError
-
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise HloParseError(f"file is not UTF-8 text ({e.reason} at byte {e.start})", line, 1, "", str(path)) from None

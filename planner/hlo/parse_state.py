@@ -1,0 +1,48 @@
+"""What the pieces of the HLO parser share while reading one module.
+
+The caches are per parse: real dumps repeat shapes (every get-tuple-element
+of a While repeats its tuple type), attribute values and whole instruction
+spellings, and each distinct one is read once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+
+from planner.hlo.ir import Attribute, Instruction
+from planner.hlo.scanner import Cursor
+from planner.hlo.shapes import Shape
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReference:
+    """A called computation, checked once every computation is known."""
+
+    caller: str
+    callee: str
+    pos: int
+
+
+@dataclass
+class Scope:
+    """The instructions of the computation being read, by name."""
+
+    name: str
+    defined: dict[str, Instruction] = field(default_factory=dict)
+
+
+class ParseState:
+    def __init__(self, text: str, source: str) -> None:
+        self.text = text
+        self.cursor = Cursor(text, 0, source)
+        self.shape_cache: dict[str, Shape] = {}
+        self.attribute_cache: dict[tuple[str, str], Attribute] = {}
+        # (shape text, opcode, attribute text) -> (shape, attributes, called computations)
+        self.spelling_cache: dict[tuple[str, str, str], tuple[Shape, tuple[Attribute, ...], tuple[str, ...]]] = {}
+        self.references: list[PendingReference] = []
+        self._newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def line_of(self, pos: int) -> int:
+        return bisect.bisect_right(self._newlines, pos - 1) + 1
