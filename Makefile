@@ -1,6 +1,6 @@
 # Two entry points, both self-contained on a fresh machine with python3:
 #   make run   installs the planner (light dependencies) and runs it on the bundled dump
-#   make test  installs everything the tests need (dev + the real XLA stack) and runs them
+#   make test  installs everything the tests need (dev + the real XLA stack), lints, type-checks and runs them
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,11 +10,12 @@ BIN := $(VENV)/bin
 run: $(VENV)/.installed-core
 	$(BIN)/spmd-planner parse
 
-test: $(VENV)/.installed-full
+test: lint
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-full
 	$(BIN)/ruff check planner api scan_runtime tests bench
+	$(BIN)/ruff format --check planner api scan_runtime tests bench
 	$(BIN)/mypy
 
 $(VENV)/bin/python:

@@ -18,7 +18,9 @@ def _scan_cases() -> list[tuple[Path, int]]:
         if config["mode"] == "scan":
             cases.append((truth.with_name(truth.name.replace(".truth.json", ".hlo")), int(config["L"])))
     for info in sorted(CORPUS.glob("jax/*.xla.json")):
-        cases.append((info.with_name(info.name.replace(".xla.json", ".hlo")), int(json.loads(info.read_text())["config"]["L"])))
+        cases.append(
+            (info.with_name(info.name.replace(".xla.json", ".hlo")), int(json.loads(info.read_text())["config"]["L"]))
+        )
     return cases
 
 

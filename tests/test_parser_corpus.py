@@ -96,10 +96,14 @@ def test_captured_dump_has_inline_operand_types() -> None:
     assert max(len(line) for line in text.splitlines()) > 5_000
     captured = parse_hlo(text)
     plain = parse_hlo_file(path.with_name(path.name.replace(".captured.hlo", ".hlo")))
+
     # Same step, same loops: the carried tuples have the same arity.
     def tuple_arities(m: HloModule) -> list[int]:
         return sorted(
-            len(i.shape.elements) for c in m.computations for i in c if i.opcode == "while" and isinstance(i.shape, TupleShape)
+            len(i.shape.elements)
+            for c in m.computations
+            for i in c
+            if i.opcode == "while" and isinstance(i.shape, TupleShape)
         )
 
     assert tuple_arities(captured) == tuple_arities(plain)

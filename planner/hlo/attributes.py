@@ -25,6 +25,8 @@ _PADDING = re.compile(r"-?\d+_-?\d+(?:_-?\d+)?(?:x-?\d+_-?\d+(?:_-?\d+)?)*")
 _DIM_LABELS = re.compile(r"([\w?]+)_([\w?]+)->([\w?]+)")
 _WINDOW_FIELD = re.compile(r"(size|stride|pad|lhs_dilate|rhs_dilate|rhs_reversal)=([\d_x\-]+)")
 _METADATA_FIELD = re.compile(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|[^\s}"][^\s}]*)')
+# `{field field ...}` read in one match.
+_METADATA = re.compile(r'\{\s*(?:[a-z_]+=(?:"(?:[^"\\]|\\.)*"|[^\s}"][^\s}]*)\s*)*\}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,14 +252,19 @@ def read_replica_groups(cursor: Cursor) -> ReplicaGroups:
 
 def read_metadata(cursor: Cursor) -> Metadata:
     start = cursor.skip_space()
-    if cursor.text[start : start + 1] != "{":
-        cursor.fail(f"expected '{{' to open metadata, found {cursor.describe_next()}")
-    cursor.pos = start + 1
-    fields: list[tuple[str, str]] = []
-    while not cursor.try_literal("}"):
-        m = cursor.match(_METADATA_FIELD, 'a metadata field like op_name="..."')
-        fields.append((m.group(1), m.group(2)))
-    return Metadata(tuple(fields))
+    whole = _METADATA.match(cursor.text, start)
+    if whole is None:
+        # Point at the first field that does not read.
+        if cursor.text[start : start + 1] != "{":
+            cursor.fail(f"expected '{{' to open metadata, found {cursor.describe_next()}")
+        cursor.pos = start + 1
+        while cursor.try_match(_METADATA_FIELD):
+            pass
+        if not cursor.try_literal("}"):
+            cursor.fail("expected a metadata field like op_name=\"...\" or '}'")
+        cursor.fail("malformed metadata", start)
+    cursor.pos = whole.end()
+    return Metadata(tuple(_METADATA_FIELD.findall(cursor.text, start + 1, whole.end() - 1)))
 
 
 def read_frontend_attributes(cursor: Cursor) -> tuple[tuple[str, str], ...]:

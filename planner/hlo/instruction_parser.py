@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 from typing import NoReturn
 
-from planner.hlo.attribute_parser import FLAT_VALUE, called_computations, parse_attribute_list
+from planner.hlo.attribute_parser import FLAT_VALUE, called_computations, parse_attribute_list, parse_attribute_value
 from planner.hlo.instruction_checks import fit_sharding, infer_shape, tuple_index_problem
 from planner.hlo.ir import Attribute, Instruction
 from planner.hlo.opcodes import ARITY, OPCODES, arity_problem
-from planner.hlo.parse_state import ParseState, PendingReference, Scope
+from planner.hlo.parse_state import ParseState, PendingReference, Scope, Spelling
 from planner.hlo.scanner import skip_balanced
 from planner.hlo.shapes import Shape, parse_optional_shape, parse_shape
 
@@ -32,6 +32,7 @@ _SIMPLE_LINE = re.compile(
     rf"([a-z][a-z0-9\-]*)\(((?:[ \t]*{_INDEX_COMMENT}{_NAME}[ \t]*,)*[ \t]*(?:{_INDEX_COMMENT}{_NAME})?[ \t]*)\)"
     rf"((?:,[ \t]*[A-Za-z_][\w\-]*={FLAT_VALUE})*)[ \t]*(?=\n|$)"
 )
+_FLAT_ATTRIBUTE = re.compile(rf",[ \t]*([A-Za-z_][\w\-]*)=({FLAT_VALUE})")
 _COMMENTS = re.compile(r"/\*.*?\*/")
 _OPERAND_NAMES = re.compile(r"%?([A-Za-z_0-9][\w.\-]*)")
 _ROOT = re.compile(r"ROOT\b")
@@ -89,7 +90,10 @@ def parse_body(state: ParseState, scope: Scope) -> tuple[list[Instruction], str 
                 c.fail(f"input ends inside computation '{scope.name}': expected '}}'")
             is_root, inst, start, opcode_pos = _parse_general(state, scope)
             pos = c.pos
-        if inst.opcode in ARITY:
+        bounds = ARITY.get(inst.opcode)
+        if bounds is not None and (
+            not bounds[0] <= len(inst.operands) <= (bounds[1] or 1 << 30) or inst.opcode == "reduce"
+        ):
             problem = arity_problem(inst.opcode, len(inst.operands))
             if problem:
                 c.fail(problem, opcode_pos)
@@ -121,17 +125,33 @@ def _read_spelling(
     attributes: tuple[Attribute, ...] = ()
     callees: list[tuple[str, int]] = []
     if attrs:
-        c.pos = m.start(6)
-        attributes = parse_attribute_list(state)
+        attributes, callees = _read_flat_attributes(state, m.start(6), m.end(6))
         attributes, problem = fit_sharding(attributes, shape)
         if problem:
             c.fail(f"sharding of '{m.group(2)}' does not fit its shape: {problem}", m.start(2))
-        for attribute in attributes:
-            for callee in called_computations(attribute):
-                callees.append((callee, attrs.index(attribute.key + "=")))
     entry = (shape, attributes, tuple(callees))
     state.spelling_cache[(shape_text, opcode, attrs)] = entry
     return entry
+
+
+def _read_flat_attributes(
+    state: ParseState, start: int, end: int
+) -> tuple[tuple[Attribute, ...], list[tuple[str, int]]]:
+    """`, key=value` pairs the line regex already delimited; each distinct pair is read once."""
+    attributes: list[Attribute] = []
+    callees: list[tuple[str, int]] = []
+    cache = state.attribute_cache
+    for m in _FLAT_ATTRIBUTE.finditer(state.text, start, end):
+        key = m.group(1)
+        attribute = cache.get((key, m.group(2)))
+        if attribute is None:
+            state.cursor.pos = m.start(2)
+            attribute = cache[(key, m.group(2))] = parse_attribute_value(state, key)
+        if any(a.key == key for a in attributes):
+            state.cursor.fail(f"attribute '{key}' is given twice", m.start(1))
+        callees.extend((callee, m.start(1) - start) for callee in called_computations(attribute))
+        attributes.append(attribute)
+    return tuple(attributes), callees
 
 
 def _parse_general(state: ParseState, scope: Scope) -> tuple[bool, Instruction, int, int]:

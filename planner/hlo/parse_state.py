@@ -16,6 +16,9 @@ from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import Shape
 
 
+Spelling = tuple[Shape, tuple[Attribute, ...], tuple[tuple[str, int], ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class PendingReference:
     """A called computation, checked once every computation is known."""
@@ -39,8 +42,8 @@ class ParseState:
         self.cursor = Cursor(text, 0, source)
         self.shape_cache: dict[str, Shape] = {}
         self.attribute_cache: dict[tuple[str, str], Attribute] = {}
-        # (shape text, opcode, attribute text) -> (shape, attributes, called computations)
-        self.spelling_cache: dict[tuple[str, str, str], tuple[Shape, tuple[Attribute, ...], tuple[str, ...]]] = {}
+        # (shape text, opcode, attribute text) -> (shape, attributes, (callee, offset in attribute text))
+        self.spelling_cache: dict[tuple[str, str, str], Spelling] = {}
         self.references: list[PendingReference] = []
         self._newlines = [m.start() for m in re.finditer("\n", text)]
 
