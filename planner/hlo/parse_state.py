@@ -15,7 +15,6 @@ from planner.hlo.ir import Attribute, Instruction
 from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import Shape
 
-
 Spelling = tuple[Shape, tuple[Attribute, ...], tuple[tuple[str, int], ...]]
 
 
