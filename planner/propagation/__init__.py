@@ -1,0 +1,82 @@
+"""GSPMD sharding propagation, simulated, with the reason for every decision."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from planner.hlo.ir import HloModule
+from planner.propagation.driver import Propagator
+from planner.propagation.graph import Provenance
+from planner.propagation.options import PropagationOptions
+from planner.sharding.hlo_sharding import HloSharding
+
+
+@dataclass(frozen=True)
+class PropagatedInstruction:
+    name: str
+    computation: str
+    opcode: str
+    sharding: HloSharding | None
+    provenance: Provenance | None
+    unknown_reason: str | None
+
+
+@dataclass(frozen=True)
+class PropagationResult:
+    """Shardings after propagation, by instruction name as XLA names them after the pass.
+
+    Sharding custom-calls XLA turns into copies appear under their new names
+    (`renamed` maps old to new); shard_as-only annotations are gone.
+    """
+
+    instructions: tuple[PropagatedInstruction, ...]
+    renamed: Mapping[str, str]
+    _by_name: dict[str, PropagatedInstruction] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for inst in self.instructions:
+            self._by_name.setdefault(inst.name, inst)
+
+    def __getitem__(self, name: str) -> PropagatedInstruction:
+        return self._by_name[self.renamed.get(name, name)]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.renamed.get(name, name) in self._by_name
+
+    def sharding(self, name: str) -> HloSharding | None:
+        return self[name].sharding
+
+    def shardings(self) -> dict[str, HloSharding]:
+        return {i.name: i.sharding for i in self.instructions if i.sharding is not None}
+
+    def explain(self, name: str) -> list[PropagatedInstruction]:
+        """The chain from `name` back to the annotation its sharding came from."""
+        chain: list[PropagatedInstruction] = []
+        seen: set[str] = set()
+        current: str | None = self.renamed.get(name, name)
+        while current is not None and current not in seen and current in self._by_name:
+            seen.add(current)
+            inst = self._by_name[current]
+            chain.append(inst)
+            sources = inst.provenance.sources if inst.provenance is not None else ()
+            current = sources[0] if sources else None
+        return chain
+
+    @property
+    def unknown(self) -> dict[str, str]:
+        return {i.name: i.unknown_reason for i in self.instructions if i.unknown_reason}
+
+
+def propagate(module: HloModule, options: PropagationOptions | None = None) -> PropagationResult:
+    options = options if options is not None else PropagationOptions.from_module(module)
+    propagator = Propagator(module, options)
+    propagator.run()
+    instructions = tuple(
+        PropagatedInstruction(n.name, n.computation, n.opcode, n.sharding, n.provenance, n.unknown_reason)
+        for n in propagator.graph.nodes()
+    )
+    return PropagationResult(instructions, dict(propagator.renamed))
+
+
+__all__ = ["PropagatedInstruction", "PropagationOptions", "PropagationResult", "propagate"]

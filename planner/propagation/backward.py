@@ -1,0 +1,265 @@
+"""Backward inference: a node's sharding from its users (InferShardingFromUsers)."""
+
+from __future__ import annotations
+
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.propagation.context import Context
+from planner.propagation.dot_dims import DotDims, conv_dims, dot_dims
+from planner.propagation.graph import Node, leaf_count, sub_sharding
+from planner.sharding import algebra
+from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.merge import is_more_specific, is_spatially_partitioned, merge_sharding
+from planner.sharding.reshape import propagate_through_reshape
+
+
+def infer_from_users(ctx: Context, node: Node) -> bool:
+    if ctx.aggressiveness < 2 and node.opcode == "broadcast":
+        return False
+    if node.sharding is not None and node.sharding.is_manual:
+        return False
+    if node.sharding is None or node.sharding.is_tile_maximal:
+        for user in node.users:
+            if user.sharding is None or user.is_custom_call("SPMDFullToShardShape"):
+                continue
+            if node.is_array and user.sharding.is_manual:
+                ctx.set(node, HloSharding.manual(), "manual from user", (user,))
+                return True
+            s = sharding_from_user(ctx, node, user, ctx.aggressiveness)
+            if s is not None and s.is_manual:
+                ctx.set(node, s, "manual from user", (user,))
+                return True
+    if not ctx.supports_spatial_partitioning(node, False, ctx.allow_parameters):
+        return False
+    improved = False
+    for user in node.users:
+        if user.opcode == "rng-bit-generator":
+            # XLA forces the seed of a random-bit generator to be replicated.
+            ctx.set(node, HloSharding.replicate(), "operand of rng-bit-generator", (user,))
+            return True
+        s = sharding_from_user(ctx, node, user, ctx.aggressiveness)
+        if s is not None:
+            improved |= ctx.improve(node, s, f"from user {user.opcode}", (user,))
+    return improved
+
+
+def _compatible(a: Shape, b: Shape) -> bool:
+    """ShapeUtil::CompatibleIgnoringElementType."""
+    if isinstance(a, ArrayShape) and isinstance(b, ArrayShape):
+        return a.dims == b.dims
+    if isinstance(a, TupleShape) and isinstance(b, TupleShape):
+        return len(a.elements) == len(b.elements) and all(_compatible(x, y) for x, y in zip(a.elements, b.elements))
+    return False
+
+
+def sharding_from_user(ctx: Context, node: Node, user: Node, aggressiveness: int) -> HloSharding | None:
+    """GetShardingFromUser: the sharding `user` wants for its operand `node`."""
+    saved = ctx.aggressiveness
+    ctx.aggressiveness = aggressiveness
+    try:
+        if not ctx.can_propagate_at_level(user):
+            return None
+        us = user.sharding
+        if us is None or not is_spatially_partitioned(us):
+            return None
+        rule = _RULES.get(user.opcode)
+        if rule is not None:
+            return rule(ctx, node, user, us)
+        return us if _compatible(node.shape, user.shape) else None
+    finally:
+        ctx.aggressiveness = saved
+
+
+def _broadcast(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    if us.is_replicated or us.is_manual:
+        return us
+    dims = user.inst.attr("dimensions", ())
+    replicate = [d for d in range(user.rank) if d not in dims]
+    if not ctx.options.is_spmd and us.is_tiled and any(us.data_tile_dims[d] > 1 for d in replicate):
+        return None
+    return algebra.remove_dims(algebra.partially_replicate_on_dims(us, replicate), replicate)
+
+
+def _concatenate(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    if ctx.aggressiveness == 0:
+        return None
+    if us.is_replicated or ctx.options.is_spmd or not us.is_tiled:
+        return us
+    cdim = user.inst.attr("dimensions", (0,))[0]
+    if us.data_tile_dims[cdim] == 1:
+        return us
+    return None
+
+
+def _dynamic_slicing(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    if ctx.aggressiveness == 0:
+        return None
+    if us.is_replicated:
+        return us
+    index = user.operand_index(node)
+    if user.opcode == "dynamic-update-slice" and index == 0:
+        return us
+    sliced = 1 if user.opcode == "dynamic-update-slice" else 0
+    if index != sliced:
+        return None
+    dims = [i for i, (a, b) in enumerate(zip(user.dims, node.dims)) if a != b]
+    return algebra.partially_replicate_on_dims(us, dims)
+
+
+def _reshape(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    return propagate_through_reshape(user.dims, node.dims, us)
+
+
+def _pad(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    return us if user.operand_index(node) == 0 else None
+
+
+def _slice(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    return us
+
+
+def _transpose(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    dims = user.inst.attr("dimensions", ())
+    inverse = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inverse[d] = i
+    return algebra.transpose_sharding(us, inverse)
+
+
+def _reverse(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    return algebra.reverse_sharding(us, user.inst.attr("dimensions", ()))
+
+
+def _tuple(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    best: HloSharding | None = None
+    for i, operand in enumerate(user.operands):
+        if operand is not node:
+            continue
+        s = sub_sharding(us, user.shape, i)
+        if best is None or is_more_specific(s, best):
+            best = s
+    return best
+
+
+def _get_tuple_element(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    assert isinstance(node.shape, TupleShape)
+    index = user.inst.attr("index")
+    offset = sum(leaf_count(e) for e in node.shape.elements[:index])
+    count = leaf_count(node.shape.elements[index])
+    if node.sharding is not None and node.sharding.is_tuple:
+        leaves = list(node.sharding.elements)
+    else:
+        first = us.elements[0] if us.is_tuple and us.elements else us
+        if us.is_tuple and not us.elements:
+            return None
+        leaves = [algebra.replicate_all_data_dims(first, len(leaf.dims)) for leaf in node.shape.leaves()]
+    new = list(us.elements) if us.is_tuple else [us]
+    leaves[offset : offset + count] = new
+    return HloSharding.tuple_of(tuple(leaves))
+
+
+def _dot(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    lhs, rhs = user.operands[0], user.operands[1]
+    dims = dot_dims(user.inst, lhs.rank, rhs.rank)
+    return dot_operand_sharding(ctx, user, us, user.operand_index(node), dims)
+
+
+def _convolution(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    dims = conv_dims(user.inst, user.operands[0].dims, user.operands[1].dims)
+    if dims.conv_spatial:
+        return None
+    return dot_operand_sharding(ctx, user, us, user.operand_index(node), dims)
+
+
+def dot_operand_sharding(ctx: Context, dot: Node, us: HloSharding | None, k: int, dims: DotDims) -> HloSharding:
+    """InferDotOperandSharding: operand k's sharding from the output and the other operand."""
+    side, other_side = ("lhs", "rhs") if k == 0 else ("rhs", "lhs")
+    other_nc = dims.rhs_non_contracting if k == 0 else dims.lhs_non_contracting
+    own_nc = dims.lhs_non_contracting if k == 0 else dims.rhs_non_contracting
+    operand_rank = dot.operands[k].rank
+    sharding = HloSharding.replicate()
+    if us is not None:
+        out_rep = [d.output for d in other_nc] + [d.output for d in dims.contracting if d.output >= 0]
+        s = algebra.partially_replicate_on_dims(us, out_rep)
+        out_rank = dot.rank
+        out_to_op = [-1] * out_rank
+        op_to_out = [-1] * operand_rank
+        for d in (*dims.batch, *own_nc):
+            if d.output >= 0 and getattr(d, side) >= 0:
+                out_to_op[d.output] = getattr(d, side)
+                op_to_out[getattr(d, side)] = d.output
+        mapped = algebra.transpose_with_collapsed_dims(s, out_to_op, op_to_out)
+        if mapped is not None:
+            sharding = mapped
+    other = dot.operands[1 - k]
+    if other.sharding is not None and is_spatially_partitioned(other.sharding):
+        other_rep = [getattr(d, other_side) for d in other_nc]
+        other_rep += [getattr(d, other_side) for d in own_nc if getattr(d, other_side) >= 0]
+        o = algebra.partially_replicate_on_dims(other.sharding, other_rep)
+        other_to_op = [-1] * other.rank
+        op_to_other = [-1] * operand_rank
+        for d in (*dims.batch, *dims.contracting):
+            a, b = getattr(d, other_side), getattr(d, side)
+            if a >= 0 and b >= 0:
+                other_to_op[a] = b
+                op_to_other[b] = a
+        from_other = algebra.transpose_with_collapsed_dims(o, other_to_op, op_to_other)
+        if from_other is not None:
+            merged = merge_sharding(sharding, from_other, ctx.combine_partial)
+            if merged is not None:
+                sharding = merged
+    return sharding
+
+
+def _reduce(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    if node.is_array and node.rank == 0:
+        return None
+    index = user.operand_index(node)
+    s = sub_sharding(us, user.shape, index) if us.is_tuple else us
+    if s.is_tiled:
+        assert s.tile_assignment is not None
+        reduced = set(user.inst.attr("dimensions", ()))
+        tiles: list[int] = []
+        source = list(s.tile_assignment.dims)
+        for i in range(node.rank):
+            tiles.append(1 if i in reduced else source.pop(0))
+        tiles += source
+        s = algebra._rebuild(s, s.tile_assignment.reshape(tuple(tiles)))
+    count = len(user.operands) // 2
+    for other in user.operands[:count]:
+        if other is node or other.sharding is None or other.sharding.is_tuple:
+            continue
+        if other.sharding.is_manual or s.is_manual:
+            continue
+        merged = algebra.merge_if_compatible(other.sharding, s)
+        if merged is not None:
+            s = merged
+    return s
+
+
+def _sort_or_window(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    return sub_sharding(us, user.shape, user.operand_index(node)) if us.is_tuple else us
+
+
+def _custom_call(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    return us if _compatible(node.shape, user.shape) else None
+
+
+_RULES = {
+    "broadcast": _broadcast,
+    "concatenate": _concatenate,
+    "dynamic-slice": _dynamic_slicing,
+    "dynamic-update-slice": _dynamic_slicing,
+    "reshape": _reshape,
+    "pad": _pad,
+    "slice": _slice,
+    "transpose": _transpose,
+    "reverse": _reverse,
+    "tuple": _tuple,
+    "get-tuple-element": _get_tuple_element,
+    "dot": _dot,
+    "convolution": _convolution,
+    "reduce": _reduce,
+    "sort": _sort_or_window,
+    "reduce-window": _sort_or_window,
+    "custom-call": _custom_call,
+}

@@ -1,0 +1,365 @@
+"""The propagation pass (XLA's ShardingPropagation::Run), step by step.
+
+1. Sharding custom-calls become annotated copies; `shard_as`/`shard_like`
+   tags are collected into groups.
+2. While/call/conditional nodes and their computations' roots and parameters
+   are tied (one sharding between them).
+3. Annotated nodes (and the entry root and parameters unless propagation to
+   them is allowed) are frozen.
+4. At aggressiveness 0..3, iterate to a fixed point: shard groups, a forward
+   pass in post order, a backward pass in reverse post order.
+5. `shard_as` groups are forced to one common sharding, then one more pass.
+6. Outputs and parameters that may not change get their shardings back.
+"""
+
+from __future__ import annotations
+
+from planner.hlo.ir import Attribute, HloModule
+from planner.propagation.backward import infer_from_users
+from planner.propagation.context import Context
+from planner.propagation.forward import infer_from_operands
+from planner.propagation.graph import Graph, Node, Provenance
+from planner.propagation.options import PropagationOptions
+from planner.sharding import algebra
+from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.merge import improved_sharding, is_spatially_partitioned
+
+# A guard: XLA's fixed point always terminates; a bug here must not hang.
+_MAX_ITERATIONS = 10_000
+
+
+class Propagator:
+    def __init__(self, module: HloModule, options: PropagationOptions) -> None:
+        self.graph = Graph(module)
+        self.ctx = Context(self.graph, options)
+        self.groups: dict[int, list[Node]] = {}
+        self.group_kind: dict[int, bool] = {}  # id -> shard_as
+        self.group_of: dict[int, int] = {}  # id(node) -> group id
+        self.renamed: dict[str, str] = {}
+
+    # -- set-up ---------------------------------------------------------------
+
+    def process_sharding_instructions(self) -> None:
+        g = self.graph
+        for comp in list(g.computations):
+            for node in reversed(g.post_order(comp)):
+                if node.computation != comp or node not in g.computations[comp]:
+                    continue
+                if node.is_custom_call("Sharding"):
+                    self._process_sharding_call(node)
+                else:
+                    self._register_group(node)
+
+    def _process_sharding_call(self, node: Node) -> None:
+        g = self.graph
+        s = node.sharding
+        operand = node.operands[0]
+        if s is None:
+            return
+        replaced = not s.is_unknown or operand.opcode == "parameter"
+        if replaced:
+            old = node.name
+            node.opcode = "copy"
+            node.name = g.fresh_name("copy")
+            self.renamed[old] = node.name
+            node.provenance = Provenance("annotation", (old,))
+            # The copy is a new user of the operand, appended after the others.
+            operand.users = [u for u in operand.users if u is not node] + [node]
+        if s.shard_group is not None and not replaced:
+            # A group-only annotation moves its tag onto the operand and goes away.
+            base = operand.sharding or HloSharding.unknown()
+            operand.sharding = base.with_shard_group(s.shard_group)
+            operand.provenance = Provenance("shard group annotation", (node.name,))
+            g.replace_uses(node, operand)
+            return
+        self._register_group(node)
+        if operand.sharding is None:
+            operand.sharding = node.sharding
+            operand.provenance = Provenance("annotation on user", (node.name,))
+
+    def _register_group(self, node: Node) -> None:
+        s = node.sharding
+        if s is None or s.is_tuple or s.shard_group is None:
+            return
+        group = s.shard_group
+        self.groups.setdefault(group.id, []).append(node)
+        self.group_kind[group.id] = group.shard_as
+        self.group_of[id(node)] = group.id
+        node.sharding = s.with_shard_group(None)
+
+    def tie_called_computations(self) -> None:
+        g = self.graph
+        for comp, nodes in g.computations.items():
+            for node in nodes:
+                if node.opcode not in ("while", "conditional", "call"):
+                    continue
+                related = self.related(node)
+                first = next((r for r in related if r.sharding is not None), None)
+                if first is not None:
+                    for r in related:
+                        r.sharding = first.sharding
+                        r.provenance = Provenance("tied to called computation", (first.name,))
+                if node.opcode == "while":
+                    body, cond = node.inst.attr("body").names[0], node.inst.attr("condition").names[0]
+                    self.ctx.computation_map[body] = node
+                    self.ctx.computation_map[cond] = node
+                else:
+                    for called in node.called:
+                        self.ctx.computation_map[called] = node
+            del comp
+
+    def related(self, node: Node) -> list[Node]:
+        g = self.graph
+        if node.opcode == "while":
+            body, cond = node.inst.attr("body").names[0], node.inst.attr("condition").names[0]
+            return [node, g.root(body), g.parameters(body)[0], g.parameters(cond)[0]]
+        if node.opcode == "conditional":
+            return [node, *(g.root(c) for c in node.called)]
+        if node.opcode == "call":
+            return [node, g.root(node.called[0])]
+        if node.opcode == "parameter":
+            caller = self.ctx.computation_map.get(node.computation)
+            if caller is not None and caller.opcode == "conditional":
+                branch = caller.called.index(node.computation)
+                return [node, caller.operands[branch + 1]]
+            if caller is not None and caller.opcode == "call":
+                return [node, caller.operands[node.inst.parameter_number or 0]]
+        return []
+
+    def freeze(self) -> None:
+        g, ctx = self.graph, self.ctx
+        entry_root = g.root(g.entry)
+        for node in g.nodes():
+            s = node.sharding
+            if s is not None and not s.is_unknown and node is not entry_root and node.opcode != "parameter":
+                ctx.provided.add(id(node))
+        if not ctx.allow_output and (entry_root.sharding is None or not entry_root.sharding.is_unknown):
+            ctx.provided.add(id(entry_root))
+        if not ctx.allow_parameters:
+            for param in g.parameters(g.entry):
+                if param.sharding is not None and not param.sharding.is_unknown:
+                    ctx.provided.add(id(param))
+        for node in g.nodes():
+            if node.sharding is not None and _has_unknown(node.sharding):
+                node.sharding = _unknown_to_replicated(node.sharding)
+
+    # -- the fixed point ----------------------------------------------------
+
+    def run_to_fix_point(self, aggressiveness: int) -> None:
+        g, ctx = self.graph, self.ctx
+        ctx.aggressiveness = aggressiveness
+        done_group: set[int] = set()
+        done_fwd: set[int] = set()
+        done_bwd: set[int] = set()
+
+        def clear_cache(node: Node) -> None:
+            for operand in node.operands:
+                done_bwd.discard(id(operand))
+            for user in node.users:
+                done_fwd.discard(id(user))
+                for called in user.called:
+                    if called in g.computations:
+                        for p in g.parameters(called):
+                            done_fwd.discard(id(p))
+            group = self.group_of.get(id(node))
+            if group is not None:
+                for member in self.groups[group]:
+                    if member is not node:
+                        done_group.discard(id(member))
+
+        def after_change(node: Node) -> None:
+            changed: list[Node] = []
+            self.computation_propagation(node, changed)
+            clear_cache(node)
+            for h in changed:
+                clear_cache(h)
+
+        changed_last = True
+        while changed_last:
+            ctx.iteration += 1
+            if ctx.iteration > _MAX_ITERATIONS:
+                raise RuntimeError("sharding propagation did not reach a fixed point")
+            changed_last = False
+            for comp in list(g.computations):
+                order = g.post_order(comp)
+                for node in order:
+                    gid = self.group_of.get(id(node))
+                    if gid is None or id(node) in done_group or ctx.is_provided(node):
+                        continue
+                    done_group.add(id(node))
+                    if self.infer_from_group(node, gid):
+                        after_change(node)
+                        changed_last = True
+                for node in order:
+                    if id(node) in done_fwd or ctx.is_provided(node):
+                        continue
+                    done_fwd.add(id(node))
+                    if infer_from_operands(ctx, node):
+                        after_change(node)
+                        changed_last = True
+                for node in reversed(order):
+                    if id(node) in done_bwd or ctx.is_provided(node):
+                        continue
+                    done_bwd.add(id(node))
+                    if infer_from_users(ctx, node):
+                        after_change(node)
+                        changed_last = True
+
+    def infer_from_group(self, node: Node, gid: int) -> bool:
+        ctx = self.ctx
+        if not ctx.can_propagate_at_level(node):
+            return False
+        if node.sharding is not None and node.sharding.is_manual:
+            return False
+        members = [m for m in self.groups[gid] if m is not node]
+        if node.sharding is None or node.sharding.is_tile_maximal:
+            for m in members:
+                if m.sharding is not None and m.sharding.is_manual:
+                    ctx.set(node, m.sharding, "shard group (manual)", (m,))
+                    return True
+        changed = False
+        for m in members:
+            if m.sharding is not None:
+                changed |= ctx.improve(node, m.sharding, f"shard group {gid}", (m,))
+        return changed
+
+    def computation_propagation(self, node: Node, changed: list[Node]) -> None:
+        """MaybeComputationPropagation: copy a tied sharding to its partners."""
+        ctx = self.ctx
+
+        def propagate(search: Node) -> None:
+            related = self.related(search)
+            if node not in related:
+                return
+            for r in related:
+                if r is node or ctx.is_provided(r):
+                    continue
+                if r.sharding is None or r.sharding != node.sharding:
+                    assert node.sharding is not None
+                    ctx.set(r, node.sharding, "tied to called computation", (node,))
+                    changed.append(r)
+                    self.computation_propagation(r, changed)
+
+        if node.opcode in ("conditional", "while", "custom-call", "call"):
+            propagate(node)
+        comp = node.computation
+        caller = ctx.computation_map.get(comp)
+        if caller is not None and (node.opcode == "parameter" or node is self.graph.root(comp)):
+            propagate(caller)
+            if node.opcode == "parameter" and caller.opcode in ("conditional", "call"):
+                propagate(node)
+
+    def align_shard_as_groups(self) -> None:
+        for gid, members in self.groups.items():
+            if not self.group_kind[gid]:
+                continue
+            shardings = [m.sharding for m in members if m.sharding is not None]
+            default = HloSharding.replicate()
+            for s in shardings:
+                if default.is_replicated:
+                    default = s
+            if not shardings:
+                common = default
+            else:
+                common = algebra.find_common_sharding(shardings, default)
+            for m in members:
+                self.ctx.set(m, common, f"shard_as group {gid} aligned", tuple(x for x in members if x is not m))
+
+    def restore_fixed_outputs(self, saved_root: HloSharding | None, saved_params: dict[int, HloSharding]) -> None:
+        g, ctx = self.graph, self.ctx
+        root = g.root(g.entry)
+        flags = ctx.options.allow_to_output
+        if saved_root is not None and root.sharding is not None and saved_root.is_tuple and root.sharding.is_tuple:
+            if len(flags) == len(saved_root.elements):
+                leaves = list(root.sharding.elements)
+                for i, allowed in enumerate(flags):
+                    if not allowed and not saved_root.elements[i].is_unknown:
+                        leaves[i] = saved_root.elements[i]
+                root.sharding = HloSharding.tuple_of(tuple(leaves))
+        params = g.parameters(g.entry)
+        pflags = ctx.options.allow_to_parameters
+        if ctx.allow_parameters and len(pflags) == len(params):
+            for i, p in enumerate(params):
+                if not pflags[i]:
+                    saved = saved_params.get(i)
+                    p.sharding = saved if saved is not None and not saved.is_unknown else None
+        # Allowed outputs and parameters must split evenly, else they stay replicated.
+        if ctx.allow_output and root.sharding is not None:
+            if not root.sharding.is_tuple or len(flags) > 1:
+                _replicate_if_uneven(root, flags)
+        if ctx.allow_parameters:
+            for i, p in enumerate(params):
+                if (len(pflags) == 1 or pflags[i]) and p.sharding is not None and not _evenly(p.shape, p.sharding):
+                    p.sharding = HloSharding.replicate()
+
+    def run(self) -> None:
+        g, ctx = self.graph, self.ctx
+        self.process_sharding_instructions()
+        root = g.root(g.entry)
+        saved_root = root.sharding if ctx.allow_output else None
+        saved_params = (
+            {i: p.sharding for i, p in enumerate(g.parameters(g.entry)) if p.sharding is not None}
+            if ctx.allow_parameters
+            else {}
+        )
+        self.tie_called_computations()
+        if root.opcode == "while" and not ctx.allow_output:
+            self._copy_above_entry_root(root)
+        self.freeze()
+        for aggressiveness in range(4):
+            self.run_to_fix_point(aggressiveness)
+        if any(self.group_kind.values()):
+            self.align_shard_as_groups()
+            self.run_to_fix_point(3)
+        self.restore_fixed_outputs(saved_root, saved_params)
+
+    def _copy_above_entry_root(self, root: Node) -> None:
+        g = self.graph
+        from planner.hlo.ir import Instruction
+
+        inst = Instruction(g.fresh_name("copy"), "copy", root.shape, (root.name,),
+                           (Attribute("sharding", root.sharding, ""),) if root.sharding is not None else ())  # fmt: skip
+        copy = Node(inst, root.computation)
+        copy.sharding = root.sharding
+        copy.operands = [root]
+        root.users.append(copy)
+        g.computations[root.computation].append(copy)
+        g.roots[root.computation] = copy
+
+
+def _has_unknown(s: HloSharding) -> bool:
+    return s.is_unknown if not s.is_tuple else any(e.is_unknown for e in s.elements)
+
+
+def _unknown_to_replicated(s: HloSharding) -> HloSharding:
+    if s.is_tuple:
+        return HloSharding.tuple_of(tuple(HloSharding.replicate() if e.is_unknown else e for e in s.elements))
+    return HloSharding.replicate() if s.is_unknown else s
+
+
+def _evenly(shape: object, s: HloSharding) -> bool:
+    from planner.hlo.shapes import ArrayShape, TupleShape
+
+    if s.is_tuple and isinstance(shape, TupleShape):
+        return all(_evenly(leaf, e) for leaf, e in zip(shape.leaves(), s.elements))
+    if not s.is_tiled:
+        return True
+    assert isinstance(shape, ArrayShape)
+    return all(d % t == 0 for d, t in zip(shape.dims, s.data_tile_dims))
+
+
+def _replicate_if_uneven(root: Node, flags: tuple[bool, ...]) -> None:
+    s = root.sharding
+    assert s is not None
+    if not s.is_tuple:
+        if not _evenly(root.shape, s):
+            root.sharding = HloSharding.replicate()
+        return
+    leaves = list(s.elements)
+    for i, (leaf_shape, leaf) in enumerate(zip(root.shape.leaves(), leaves)):
+        if (len(flags) == 1 or flags[i]) and not _evenly(leaf_shape, leaf):
+            leaves[i] = HloSharding.replicate()
+    root.sharding = HloSharding.tuple_of(tuple(leaves))
+
+
+__all__ = ["Propagator", "improved_sharding", "is_spatially_partitioned"]

@@ -1,0 +1,180 @@
+"""The mutable working graph propagation runs on.
+
+The IR is immutable; propagation needs to rewrite a little (Sharding
+custom-calls become copies, shard_as-only annotations disappear, an entry root
+While gets a copy above it) and to set shardings many times. Each instruction
+becomes a `Node` holding its operands, its users in the order XLA keeps them,
+and its current sharding with the provenance of that sharding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.hlo.ir import HloModule, Instruction
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.sharding.hlo_sharding import HloSharding
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Why a node has its sharding: the rule and the neighbours it came from."""
+
+    rule: str
+    sources: tuple[str, ...] = ()
+    aggressiveness: int = -1
+    iteration: int = -1
+
+
+class Node:
+    __slots__ = (
+        "called",
+        "computation",
+        "inst",
+        "name",
+        "opcode",
+        "operands",
+        "provenance",
+        "shape",
+        "sharding",
+        "unknown_reason",
+        "users",
+    )
+
+    def __init__(self, inst: Instruction, computation: str) -> None:
+        self.inst = inst
+        self.name = inst.name
+        self.opcode = inst.opcode
+        self.shape: Shape = inst.shape
+        self.computation = computation
+        self.operands: list[Node] = []
+        self.users: list[Node] = []
+        self.sharding: HloSharding | None = inst.sharding
+        self.provenance: Provenance | None = Provenance("annotation") if inst.sharding is not None else None
+        self.called: tuple[str, ...] = inst.called_computations
+        # Set when no rule models this op: the reason is reported, never guessed.
+        self.unknown_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Node({self.computation}/{self.name} {self.opcode})"
+
+    @property
+    def is_array(self) -> bool:
+        return isinstance(self.shape, ArrayShape)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        assert isinstance(self.shape, ArrayShape), f"{self.name} is a tuple"
+        return self.shape.dims
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def operand_index(self, operand: Node) -> int:
+        return next(i for i, o in enumerate(self.operands) if o is operand)
+
+    def is_custom_call(self, target: str) -> bool:
+        return self.opcode == "custom-call" and self.inst.attr("custom_call_target") == target
+
+
+class Graph:
+    """Nodes per computation, in text order, with XLA's post order on demand."""
+
+    def __init__(self, module: HloModule) -> None:
+        self.module = module
+        self.computations: dict[str, list[Node]] = {}
+        self.roots: dict[str, Node] = {}
+        self.entry = module.entry_name
+        names: set[str] = set()
+        for comp in module.computations:
+            nodes: dict[str, Node] = {}
+            for inst in comp.instructions:
+                node = Node(inst, comp.name)
+                for operand_name in inst.operands:
+                    operand = nodes[operand_name]
+                    node.operands.append(operand)
+                    if node not in operand.users:
+                        operand.users.append(node)
+                nodes[inst.name] = node
+                names.add(inst.name)
+            self.computations[comp.name] = list(nodes.values())
+            self.roots[comp.name] = nodes[comp.root_name]
+        self._taken_names = names
+
+    def nodes(self) -> list[Node]:
+        return [n for nodes in self.computations.values() for n in nodes]
+
+    def root(self, computation: str) -> Node:
+        return self.roots[computation]
+
+    def parameters(self, computation: str) -> list[Node]:
+        params = [n for n in self.computations[computation] if n.opcode == "parameter"]
+        return sorted(params, key=lambda n: n.inst.parameter_number or 0)
+
+    def post_order(self, computation: str) -> list[Node]:
+        """MakeInstructionPostOrder: DFS from each user-less node in list order, operand 0 first."""
+        order: list[Node] = []
+        visited: set[int] = set()
+        for start in self.computations[computation]:
+            if start.users or id(start) in visited:
+                continue
+            stack: list[tuple[Node, bool]] = [(start, False)]
+            while stack:
+                node, expanded = stack.pop()
+                if expanded:
+                    order.append(node)
+                    continue
+                if id(node) in visited:
+                    continue
+                visited.add(id(node))
+                stack.append((node, True))
+                for operand in reversed(node.operands):
+                    if id(operand) not in visited:
+                        stack.append((operand, False))
+        return order
+
+    def fresh_name(self, prefix: str) -> str:
+        """XLA's name uniquer: `copy`, then `copy.1`, `copy.2`, ..."""
+        name, k = prefix, 0
+        while name in self._taken_names:
+            k += 1
+            name = f"{prefix}.{k}"
+        self._taken_names.add(name)
+        return name
+
+    def replace_uses(self, old: Node, new: Node) -> None:
+        """Every user of `old` reads `new` instead; `old` leaves the graph."""
+        for user in old.users:
+            user.operands = [new if o is old else o for o in user.operands]
+            if user not in new.users:
+                new.users.append(user)
+        for operand in old.operands:
+            operand.users = [u for u in operand.users if u is not old]
+        nodes = self.computations[old.computation]
+        nodes.remove(old)
+        if self.roots[old.computation] is old:
+            self.roots[old.computation] = new
+
+
+def leaf_count(shape: Shape) -> int:
+    return len(shape.leaves()) if isinstance(shape, TupleShape) else 1
+
+
+def sub_sharding(sharding: HloSharding, shape: Shape, index: int) -> HloSharding:
+    """GetSubSharding for top-level tuple element `index`."""
+    assert isinstance(shape, TupleShape)
+    if not sharding.is_tuple:
+        return sharding
+    offset = sum(leaf_count(e) for e in shape.elements[:index])
+    element = shape.elements[index]
+    if isinstance(element, TupleShape):
+        return HloSharding.tuple_of(sharding.elements[offset : offset + leaf_count(element)])
+    return sharding.elements[offset]
+
+
+def tuple_sharding_for(shape: Shape, leaf: HloSharding) -> HloSharding:
+    """NormalizeTupleSharding: one leaf sharding for every leaf of `shape`."""
+    if isinstance(shape, TupleShape):
+        return HloSharding.tuple_of((leaf,) * max(leaf_count(shape), 1))
+    return leaf
