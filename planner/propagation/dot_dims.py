@@ -67,10 +67,11 @@ def conv_dims(inst: Instruction, lhs_dims: tuple[int, ...], rhs_dims: tuple[int,
         wd = window[i] if i < len(window) else WindowDim(size=1)
         lhs_size, rhs_size = lhs_dims[ls], rhs_dims[rs]
         no_pad = wd.pad_low == 0 and wd.pad_high == 0
-        if lhs_size == wd.size and wd.lhs_dilate == 1 and wd.rhs_dilate == 1 and no_pad and not wd.reversal:
-            if wd.size == rhs_size and lhs_size == rhs_size and lhs_size > 1 and wd.stride in (1, lhs_size):
-                contracting.append(DimRole(ls, rs, -1))
-                continue
+        undilated = wd.lhs_dilate == 1 and wd.rhs_dilate == 1
+        whole_window = lhs_size == wd.size == rhs_size and lhs_size > 1 and wd.stride in (1, lhs_size)
+        if whole_window and undilated and no_pad and not wd.reversal:
+            contracting.append(DimRole(ls, rs, -1))
+            continue
         if wd.stride == 1 and wd.lhs_dilate == 1 and wd.rhs_dilate == 1:
             if rhs_size == 1 and wd.size == 1 and no_pad and not wd.reversal:
                 lhs_nc.append(DimRole(ls, -1, os))

@@ -258,10 +258,7 @@ class Propagator:
             for s in shardings:
                 if default.is_replicated:
                     default = s
-            if not shardings:
-                common = default
-            else:
-                common = algebra.find_common_sharding(shardings, default)
+            common = default if not shardings else algebra.find_common_sharding(shardings, default)
             for m in members:
                 self.ctx.set(m, common, f"shard_as group {gid} aligned", tuple(x for x in members if x is not m))
 
@@ -269,13 +266,14 @@ class Propagator:
         g, ctx = self.graph, self.ctx
         root = g.root(g.entry)
         flags = ctx.options.allow_to_output
-        if saved_root is not None and root.sharding is not None and saved_root.is_tuple and root.sharding.is_tuple:
-            if len(flags) == len(saved_root.elements):
-                leaves = list(root.sharding.elements)
-                for i, allowed in enumerate(flags):
-                    if not allowed and not saved_root.elements[i].is_unknown:
-                        leaves[i] = saved_root.elements[i]
-                root.sharding = HloSharding.tuple_of(tuple(leaves))
+        restorable = saved_root is not None and saved_root.is_tuple and len(flags) == len(saved_root.elements)
+        if restorable and root.sharding is not None and root.sharding.is_tuple:
+            assert saved_root is not None
+            leaves = list(root.sharding.elements)
+            for i, allowed in enumerate(flags):
+                if not allowed and not saved_root.elements[i].is_unknown:
+                    leaves[i] = saved_root.elements[i]
+            root.sharding = HloSharding.tuple_of(tuple(leaves))
         params = g.parameters(g.entry)
         pflags = ctx.options.allow_to_parameters
         if ctx.allow_parameters and len(pflags) == len(params):
@@ -284,9 +282,8 @@ class Propagator:
                     saved = saved_params.get(i)
                     p.sharding = saved if saved is not None and not saved.is_unknown else None
         # Allowed outputs and parameters must split evenly, else they stay replicated.
-        if ctx.allow_output and root.sharding is not None:
-            if not root.sharding.is_tuple or len(flags) > 1:
-                _replicate_if_uneven(root, flags)
+        if ctx.allow_output and root.sharding is not None and (not root.sharding.is_tuple or len(flags) > 1):
+            _replicate_if_uneven(root, flags)
         if ctx.allow_parameters:
             for i, p in enumerate(params):
                 if (len(pflags) == 1 or pflags[i]) and p.sharding is not None and not _evenly(p.shape, p.sharding):
@@ -317,8 +314,8 @@ class Propagator:
         g = self.graph
         from planner.hlo.ir import Instruction
 
-        inst = Instruction(g.fresh_name("copy"), "copy", root.shape, (root.name,),
-                           (Attribute("sharding", root.sharding, ""),) if root.sharding is not None else ())  # fmt: skip
+        attrs = (Attribute("sharding", root.sharding, ""),) if root.sharding is not None else ()
+        inst = Instruction(g.fresh_name("copy"), "copy", root.shape, (root.name,), attrs)
         copy = Node(inst, root.computation)
         copy.sharding = root.sharding
         copy.operands = [root]

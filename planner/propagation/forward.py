@@ -402,17 +402,17 @@ def _default(ctx: Context, node: Node) -> bool:
                 continue
             changed |= ctx.improve(node, s, node.opcode, (operand,), single)
         return changed
-    operand = pick_representative_operand(node)
-    if operand is None:
-        if node.opcode not in _QUIET_DEFAULT and not node.operands == []:
+    representative = pick_representative_operand(node)
+    if representative is None:
+        if node.opcode not in _QUIET_DEFAULT and node.operands:
             node.unknown_reason = f"no forward rule for {node.opcode}"
         return False
-    if not _partitioned(operand):
+    if not _partitioned(representative):
         return False
-    assert operand.sharding is not None
-    if operand.is_array and node.is_array and operand.rank != node.rank:
+    assert representative.sharding is not None
+    if representative.is_array and node.is_array and representative.rank != node.rank:
         return False
-    return ctx.improve(node, operand.sharding, node.opcode, (operand,), _aggressive(ctx, node))
+    return ctx.improve(node, representative.sharding, node.opcode, (representative,), _aggressive(ctx, node))
 
 
 # Ops with no operand-derived sharding by design (XLA gives them none forward).

@@ -195,7 +195,8 @@ def _through_reshape_with_manual(source: Sequence[int], target: Sequence[int], s
     out = np.zeros((*data, manual_size, *inner_rep), dtype=np.int64)
     positions = np.arange(group_size).reshape(*data, *inner_rep) if inner_array is None else inner_array
     for g in range(manual_size):
-        out[(*(slice(None),) * len(data), g)] = groups[g][positions]
+        index: tuple[slice | int, ...] = (*(slice(None),) * len(data), g)
+        out[index] = groups[g][positions]
     types = ("manual", "replicated") if inner_rep and math.prod(inner_rep) > 1 else ("manual",)
     dims = (*data, manual_size, *inner_rep) if inner_rep and math.prod(inner_rep) > 1 else (*data, manual_size)
     return HloSharding.subgroup(TileAssignment.from_devices(out.reshape(-1).tolist(), dims), types, s.metadata)
