@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.propagation.driver import Propagator
 from planner.propagation.graph import Provenance
@@ -68,15 +69,23 @@ class PropagationResult:
         return {i.name: i.unknown_reason for i in self.instructions if i.unknown_reason}
 
 
-def propagate(module: HloModule, options: PropagationOptions | None = None) -> PropagationResult:
+def propagate(module: HloModule, options: PropagationOptions | None = None, inline: bool = True) -> PropagationResult:
+    """Runs propagation on `module` as XLA would see it (calls inlined first, unless `inline=False`)."""
     options = options if options is not None else PropagationOptions.from_module(module)
+    aliases: dict[str, str] = {}
+    if inline:
+        inlined = inline_calls(module)
+        module, aliases = inlined.module, inlined.aliases
     propagator = Propagator(module, options)
     propagator.run()
     instructions = tuple(
         PropagatedInstruction(n.name, n.computation, n.opcode, n.sharding, n.provenance, n.unknown_reason)
         for n in propagator.graph.nodes()
     )
-    return PropagationResult(instructions, dict(propagator.renamed))
+    renamed = {**aliases, **propagator.renamed}
+    # An alias may point at a node that was itself renamed (a Sharding call turned copy).
+    renamed = {k: propagator.renamed.get(v, v) for k, v in renamed.items()}
+    return PropagationResult(instructions, renamed)
 
 
 __all__ = ["PropagatedInstruction", "PropagationOptions", "PropagationResult", "propagate"]

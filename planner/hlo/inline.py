@@ -1,0 +1,121 @@
+"""Call inlining, as XLA's CallInliner runs it before sharding propagation.
+
+torch_xla and JAX dumps taken before optimisation still hold `call`
+instructions; XLA inlines them before its propagation pass, and that changes
+what propagation sees (a callee used at two call sites is cloned twice). This
+module does the same so propagation runs on the module XLA actually shards.
+
+Names of clones: a callee with one call site keeps its instruction names
+(unless a name is taken); a callee with several call sites gets
+`name@call_site`, nested inlining extends the path (`name@inner/outer`). The
+returned aliases map the names that disappear (the call, the callee's
+parameters) to what replaced them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from planner.hlo.ir import Computation, HloModule, Instruction
+
+
+@dataclasses.dataclass(frozen=True)
+class InlinedModule:
+    module: HloModule
+    # Disappeared name -> name now holding its value.
+    aliases: dict[str, str]
+
+
+def inline_calls(module: HloModule) -> InlinedModule:
+    call_sites = Counter(
+        callee
+        for comp in module.computations
+        for inst in comp
+        if inst.opcode == "call"
+        for callee in inst.called_computations
+    )
+    if not call_sites:
+        return InlinedModule(module, {})
+    aliases: dict[str, str] = {}
+    done: dict[str, Computation] = {}
+    # Callees first: a computation is inlined into its callers only after its own calls are.
+    for comp in _callees_first(module):
+        done[comp.name] = _inline_into(comp, done, call_sites, aliases)
+    still_called = {name for c in done.values() for inst in c for name in inst.called_computations}
+    kept = tuple(done[c.name] for c in module.computations if c.name == module.entry_name or c.name in still_called)
+    return InlinedModule(dataclasses.replace(module, computations=kept), _resolve_chains(aliases))
+
+
+def _resolve_chains(aliases: dict[str, str]) -> dict[str, str]:
+    """A callee parameter may alias a parameter of an outer callee that was inlined too."""
+    resolved = {}
+    for name, target in aliases.items():
+        seen = {name}
+        while target in aliases and target not in seen:
+            seen.add(target)
+            target = aliases[target]
+        resolved[name] = target
+    return resolved
+
+
+def _callees_first(module: HloModule) -> list[Computation]:
+    order: list[Computation] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        comp = module.computation(name)
+        for inst in comp:
+            for callee in inst.called_computations:
+                visit(callee)
+        order.append(comp)
+
+    for comp in module.computations:
+        visit(comp.name)
+    return order
+
+
+def _inline_into(
+    comp: Computation, done: dict[str, Computation], call_sites: Counter[str], aliases: dict[str, str]
+) -> Computation:
+    if not any(inst.opcode == "call" for inst in comp):
+        return comp
+    rename: dict[str, str] = {}
+    out: list[Instruction] = []
+    root = comp.root_name
+    for inst in comp:
+        operands = tuple(rename.get(o, o) for o in inst.operands)
+        if inst.opcode != "call":
+            out.append(dataclasses.replace(inst, operands=operands) if operands != inst.operands else inst)
+            continue
+        callee = done[inst.called_computations[0]]
+        shared = call_sites[callee.name] > 1
+        local: dict[str, str] = {}
+        for param in callee.parameters:
+            local[param.name] = operands[param.parameter_number or 0]
+            aliases.setdefault(_clone_name(param.name, inst.name, shared), local[param.name])
+        for body_inst in callee:
+            if body_inst.opcode == "parameter":
+                continue
+            name = _clone_name(body_inst.name, inst.name, shared)
+            local[body_inst.name] = name
+            out.append(
+                dataclasses.replace(body_inst, name=name, operands=tuple(local.get(o, o) for o in body_inst.operands))
+            )
+        result = local[callee.root_name]
+        rename[inst.name] = result
+        aliases[inst.name] = result
+        if inst.name == root:
+            root = result
+    return dataclasses.replace(comp, instructions=tuple(out), root_name=root)
+
+
+def _clone_name(name: str, call: str, shared: bool) -> str:
+    """A single call site moves the callee's instructions under their own names."""
+    if not shared:
+        return name
+    base, _, path = name.partition("@")
+    return f"{base}@{path}/{call}" if path else f"{name}@{call}"
