@@ -60,3 +60,23 @@ def test_gzip_and_binary_input(tmp_path: Path) -> None:
     binary.write_bytes(b"HloModule m\n\xff\xfe\n")
     result = run(sys.executable, "-m", "planner", "parse", str(binary))
     assert result.returncode == 2 and "not UTF-8" in result.stderr
+
+
+def test_propagate_prints_json_and_explains() -> None:
+    path = CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.pass_input.hlo"
+    result = run(sys.executable, "-m", "planner", "propagate", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    shardings = json.loads(result.stdout)
+    truth = json.loads((CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.truth.json").read_text())
+    assert shardings["dot.22"] == truth["xla_instruction_shardings"]["dot.22"]
+    explained = run(sys.executable, "-m", "planner", "propagate", str(path), "--explain", "dot.22")
+    assert explained.returncode == 0, explained.stderr
+    lines = explained.stdout.splitlines()
+    assert lines[0].startswith("dot.22 [dot] {devices=[2,4]0,2,4,6,1,3,5,7}")
+    # The chain ends at the annotated entry parameter the weight came from.
+    assert lines[-2].strip().startswith("p58.311 [parameter]") and lines[-1].strip() == "<- annotation"
+
+
+def test_propagate_flags_are_checked() -> None:
+    result = run(sys.executable, "-m", "planner", "propagate", "--allow-output", "maybe")
+    assert result.returncode == 2 and "expected true/false flags" in result.stderr

@@ -21,6 +21,23 @@ class PropagatedInstruction:
     sharding: HloSharding | None
     provenance: Provenance | None
     unknown_reason: str | None
+    operands: tuple[str, ...] = ()
+    tuple_index: int | None = None
+
+
+@dataclass(frozen=True)
+class ExplainStep:
+    """One link of a provenance chain; `element` focuses a tuple on one of its elements."""
+
+    instruction: PropagatedInstruction
+    element: int | None
+
+    @property
+    def sharding(self) -> HloSharding | None:
+        s = self.instruction.sharding
+        if s is not None and s.is_tuple and self.element is not None and self.element < len(s.elements):
+            return s.elements[self.element]
+        return s
 
 
 @dataclass(frozen=True)
@@ -51,17 +68,35 @@ class PropagationResult:
     def shardings(self) -> dict[str, HloSharding]:
         return {i.name: i.sharding for i in self.instructions if i.sharding is not None}
 
-    def explain(self, name: str) -> list[PropagatedInstruction]:
-        """The chain from `name` back to the annotation its sharding came from."""
-        chain: list[PropagatedInstruction] = []
-        seen: set[str] = set()
+    def explain(self, name: str) -> list[ExplainStep]:
+        """The chain from `name` back to the annotation its sharding came from.
+
+        Through tuples the chain follows one element: a get-tuple-element
+        focuses its operand on the element it reads, and a tuple hands that
+        element's question to the operand that supplies it.
+        """
+        chain: list[ExplainStep] = []
+        seen: set[tuple[str, int | None]] = set()
         current: str | None = self.renamed.get(name, name)
-        while current is not None and current not in seen and current in self._by_name:
-            seen.add(current)
+        element: int | None = None
+        while current is not None and current in self._by_name:
+            if (current, element) in seen:
+                # Around a loop: the carried value came in as the While's initial tuple.
+                loop = next((step for step in chain if step.instruction.opcode == "while"), None)
+                if loop is None or (loop.instruction.operands[0], loop.element) in seen:
+                    break
+                current, element = loop.instruction.operands[0], loop.element
+                continue
+            seen.add((current, element))
             inst = self._by_name[current]
-            chain.append(inst)
+            chain.append(ExplainStep(inst, element))
             sources = inst.provenance.sources if inst.provenance is not None else ()
-            current = sources[0] if sources else None
+            if inst.opcode == "get-tuple-element" and inst.operands:
+                current, element = inst.operands[0], inst.tuple_index
+            elif inst.opcode == "tuple" and element is not None and element < len(inst.operands):
+                current, element = inst.operands[element], None
+            else:
+                current = sources[0] if sources else None
         return chain
 
     @property
@@ -79,7 +114,16 @@ def propagate(module: HloModule, options: PropagationOptions | None = None, inli
     propagator = Propagator(module, options)
     propagator.run()
     instructions = tuple(
-        PropagatedInstruction(n.name, n.computation, n.opcode, n.sharding, n.provenance, n.unknown_reason)
+        PropagatedInstruction(
+            n.name,
+            n.computation,
+            n.opcode,
+            n.sharding,
+            n.provenance,
+            n.unknown_reason,
+            tuple(o.name for o in n.operands),
+            n.inst.attr("index") if n.opcode == "get-tuple-element" else None,
+        )
         for n in propagator.graph.nodes()
     )
     renamed = {**aliases, **propagator.renamed}
@@ -88,4 +132,4 @@ def propagate(module: HloModule, options: PropagationOptions | None = None, inli
     return PropagationResult(instructions, renamed)
 
 
-__all__ = ["PropagatedInstruction", "PropagationOptions", "PropagationResult", "propagate"]
+__all__ = ["ExplainStep", "PropagatedInstruction", "PropagationOptions", "PropagationResult", "propagate"]

@@ -259,8 +259,13 @@ class Propagator:
                 if default.is_replicated:
                     default = s
             common = default if not shardings else algebra.find_common_sharding(shardings, default)
+            # The member whose own sharding became the common one is the origin.
+            origin = next((m for m in members if m.sharding == common), None)
             for m in members:
-                self.ctx.set(m, common, f"shard_as group {gid} aligned", tuple(x for x in members if x is not m))
+                if m.sharding == common and m.provenance is not None:
+                    continue
+                sources = (origin,) if origin is not None and origin is not m else ()
+                self.ctx.set(m, common, f"shard_as group {gid} aligned", sources)
 
     def restore_fixed_outputs(self, saved_root: HloSharding | None, saved_params: dict[int, HloSharding]) -> None:
         g, ctx = self.graph, self.ctx
