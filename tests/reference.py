@@ -111,7 +111,9 @@ def xla_case_results(cases: list[dict]) -> list[tuple[str, str, str, str | None]
     rows = []
     for case in cases:
         module = parse_hlo(case["hlo"])
-        options = PropagationOptions(case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"]))
+        options = PropagationOptions(
+            case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"])
+        )
         result = propagate(module, options)
         for key, want in case["expect"].items():
             if key == "@root":

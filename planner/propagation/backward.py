@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
 from planner.propagation.context import Context
 from planner.propagation.dot_dims import DotDims, conv_dims, dot_dims
-from planner.propagation.graph import Node, leaf_count, sub_sharding
+from planner.propagation.graph import Node, leaf_offsets, sub_sharding
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.merge import is_more_specific, is_spatially_partitioned, merge_sharding
@@ -143,8 +143,8 @@ def _tuple(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding
 def _get_tuple_element(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
     assert isinstance(node.shape, TupleShape)
     index = user.inst.attr("index")
-    offset = sum(leaf_count(e) for e in node.shape.elements[:index])
-    count = leaf_count(node.shape.elements[index])
+    offsets = leaf_offsets(node.shape)
+    offset, count = offsets[index], offsets[index + 1] - offsets[index]
     if node.sharding is not None and node.sharding.is_tuple:
         leaves = list(node.sharding.elements)
     else:

@@ -6,6 +6,7 @@ change of a node's sharding records the rule and the neighbours it came from.
 
 from __future__ import annotations
 
+from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from planner.hlo.shapes import ArrayShape
 from planner.propagation.graph import Graph, Node, Provenance
 from planner.propagation.options import PropagationOptions
@@ -27,9 +28,10 @@ PARTITIONABLE = frozenset(
 PASSTHROUGH_CUSTOM_CALLS = frozenset({"Sharding", "X64Combine", "LayoutConstraint"})
 
 
-def is_elementwise(node: Node) -> bool:
-    from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+_ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE | ELEMENTWISE_EXTRA
 
+
+def is_elementwise(node: Node) -> bool:
     op = node.opcode
     if op == "bitcast-convert":
         src = node.operands[0].shape
@@ -38,7 +40,7 @@ def is_elementwise(node: Node) -> bool:
             and isinstance(node.shape, ArrayShape)
             and (src.element_bits == node.shape.element_bits)
         )
-    return op in UNARY_ELEMENTWISE or op in BINARY_ELEMENTWISE or op in TERNARY_ELEMENTWISE or op in ELEMENTWISE_EXTRA
+    return op in _ELEMENTWISE
 
 
 class Context:

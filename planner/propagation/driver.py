@@ -327,6 +327,7 @@ class Propagator:
         root.users.append(copy)
         g.computations[root.computation].append(copy)
         g.roots[root.computation] = copy
+        g.structure_changed()
 
 
 def _has_unknown(s: HloSharding) -> bool:

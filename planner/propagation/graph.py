@@ -101,6 +101,10 @@ class Graph:
             self.computations[comp.name] = list(nodes.values())
             self.roots[comp.name] = nodes[comp.root_name]
         self._taken_names = names
+        self._post_orders: dict[str, list[Node]] = {}
+
+    def structure_changed(self) -> None:
+        self._post_orders.clear()
 
     def nodes(self) -> list[Node]:
         return [n for nodes in self.computations.values() for n in nodes]
@@ -113,7 +117,14 @@ class Graph:
         return sorted(params, key=lambda n: n.inst.parameter_number or 0)
 
     def post_order(self, computation: str) -> list[Node]:
-        """MakeInstructionPostOrder: DFS from each user-less node in list order, operand 0 first."""
+        """MakeInstructionPostOrder: DFS from each user-less node in list order, operand 0 first.
+
+        Cached: the graph's structure is fixed once propagation starts, and
+        every rewrite before that goes through methods that drop the cache.
+        """
+        cached = self._post_orders.get(computation)
+        if cached is not None:
+            return cached
         order: list[Node] = []
         visited: set[int] = set()
         for start in self.computations[computation]:
@@ -132,6 +143,7 @@ class Graph:
                 for operand in reversed(node.operands):
                     if id(operand) not in visited:
                         stack.append((operand, False))
+        self._post_orders[computation] = order
         return order
 
     def fresh_name(self, prefix: str) -> str:
@@ -153,12 +165,32 @@ class Graph:
             operand.users = [u for u in operand.users if u is not old]
         nodes = self.computations[old.computation]
         nodes.remove(old)
+        self.structure_changed()
         if self.roots[old.computation] is old:
             self.roots[old.computation] = new
 
 
 def leaf_count(shape: Shape) -> int:
-    return len(shape.leaves()) if isinstance(shape, TupleShape) else 1
+    return leaf_offsets(shape)[-1] if isinstance(shape, TupleShape) else 1
+
+
+# id(shape) -> (shape, offsets). Keyed by identity: hashing a 100-element tuple
+# shape structurally on every lookup costs more than the lookup saves.
+_OFFSETS: dict[int, tuple[TupleShape, tuple[int, ...]]] = {}
+
+
+def leaf_offsets(shape: TupleShape) -> tuple[int, ...]:
+    """Leaf offset of each top-level element, then the total leaf count."""
+    cached = _OFFSETS.get(id(shape))
+    if cached is not None and cached[0] is shape:
+        return cached[1]
+    offsets = [0]
+    for element in shape.elements:
+        offsets.append(offsets[-1] + leaf_count(element))
+    if len(_OFFSETS) > 65536:
+        _OFFSETS.clear()
+    _OFFSETS[id(shape)] = (shape, tuple(offsets))
+    return tuple(offsets)
 
 
 def sub_sharding(sharding: HloSharding, shape: Shape, index: int) -> HloSharding:
@@ -166,11 +198,11 @@ def sub_sharding(sharding: HloSharding, shape: Shape, index: int) -> HloSharding
     assert isinstance(shape, TupleShape)
     if not sharding.is_tuple:
         return sharding
-    offset = sum(leaf_count(e) for e in shape.elements[:index])
+    offsets = leaf_offsets(shape)
     element = shape.elements[index]
     if isinstance(element, TupleShape):
-        return HloSharding.tuple_of(sharding.elements[offset : offset + leaf_count(element)])
-    return sharding.elements[offset]
+        return HloSharding.tuple_of(sharding.elements[offsets[index] : offsets[index + 1]])
+    return sharding.elements[offsets[index]]
 
 
 def tuple_sharding_for(shape: Shape, leaf: HloSharding) -> HloSharding:

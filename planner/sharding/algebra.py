@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -60,19 +61,24 @@ def partially_replicate_on_dims(s: HloSharding, dims: Sequence[int]) -> HloShard
     """PartiallyReplicateTiledShardingOnDims: tiles of `dims` become replicas."""
     if not s.is_tiled:
         return s
+    return _partially_replicate(s, tuple(sorted(set(dims))))
+
+
+@lru_cache(maxsize=65536)
+def _partially_replicate(s: HloSharding, dims: tuple[int, ...]) -> HloSharding:
     rank = s.tiled_data_rank
-    dims = sorted({d for d in dims if d < rank})
+    replicated = sorted({d for d in dims if d < rank})
     tiles = _tiles(s)
-    group = math.prod(tiles.dims[d] for d in dims)
+    group = math.prod(tiles.dims[d] for d in replicated)
     if group == 1:
         return s
     if group == s.num_tiles and not s.subgroup_types:
         return HloSharding.replicate(s.metadata)
-    perm = [d for d in range(rank) if d not in dims] + dims
+    perm = [d for d in range(rank) if d not in replicated] + replicated
     moved = transpose_sharding(s, perm).tile_assignment
     assert moved is not None
     shape = list(tiles.dims)
-    for d in dims:
+    for d in replicated:
         shape[d] = 1
     if s.replicate_on_last_tile_dim:
         shape[-1] *= group
@@ -205,6 +211,7 @@ def _device_tiles(s: HloSharding) -> dict[int, tuple[int, ...]]:
     return out
 
 
+@lru_cache(maxsize=65536)
 def merge_if_compatible(to_merge: HloSharding, dst: HloSharding, min_tiles: int | None = None) -> HloSharding | None:
     """MergeShardingIfCompatible: `dst` refined by `to_merge`, or None.
 
@@ -282,6 +289,11 @@ def merge_if_compatible(to_merge: HloSharding, dst: HloSharding, min_tiles: int 
 
 def is_sub_tiling_or_equal(dims: Sequence[int], sub: HloSharding, s: HloSharding) -> bool:
     """IsSubTilingOrEqualSharding: every device's `sub` tile lies inside its `s` tile."""
+    return _is_sub_tiling(tuple(dims), sub, s)
+
+
+@lru_cache(maxsize=65536)
+def _is_sub_tiling(dims: tuple[int, ...], sub: HloSharding, s: HloSharding) -> bool:
     if sub.is_manual or s.is_manual:
         return False
     if s.is_tile_maximal:

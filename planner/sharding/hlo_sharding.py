@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
@@ -72,6 +72,11 @@ class HloSharding:
     shard_group: ShardGroup | None = None
     # Verbatim `{op_name=...}` entries; not part of equality.
     metadata: tuple[str, ...] = ()
+    # Derived once at construction: propagation compares and ranks shardings
+    # millions of times.
+    _data_rank: int = field(init=False, repr=False, compare=False, default=0)
+    _num_tiles: int = field(init=False, repr=False, compare=False, default=1)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if (self.kind is Kind.TILED) != (self.tile_assignment is not None):
@@ -89,6 +94,10 @@ class HloSharding:
             unknown = set(self.subgroup_types) - set(SUBGROUP_ORDER)
             if unknown:
                 raise ValueError(f"unknown subgroup type(s) {sorted(unknown)}")
+            rank = self.tile_assignment.rank - reserved
+            object.__setattr__(self, "_data_rank", rank)
+            object.__setattr__(self, "_num_tiles", math.prod(self.tile_assignment.dims[:rank]))
+        object.__setattr__(self, "_hash", hash(self._key()))
 
     # -- constructors (canonicalising, like XLA's) --------------------------
 
@@ -217,19 +226,17 @@ class HloSharding:
     def tiled_data_rank(self) -> int:
         """Tile dims that split data, without replication and subgroup dims."""
         assert self.tile_assignment is not None, f"{self.to_text()} is not tiled"
-        return self.tile_assignment.rank - int(self.replicate_on_last_tile_dim) - len(self.subgroup_types)
+        return self._data_rank
 
     @property
     def data_tile_dims(self) -> tuple[int, ...]:
         assert self.tile_assignment is not None, f"{self.to_text()} is not tiled"
-        return self.tile_assignment.dims[: self.tiled_data_rank]
+        return self.tile_assignment.dims[: self._data_rank]
 
     @property
     def num_tiles(self) -> int:
         """Distinct data tiles (1 for replicated, maximal and manual)."""
-        if self.kind is not Kind.TILED:
-            return 1
-        return math.prod(self.data_tile_dims)
+        return self._num_tiles
 
     # -- per-device shapes --------------------------------------------------
 
@@ -260,12 +267,14 @@ class HloSharding:
         )
 
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
         if not isinstance(other, HloSharding):
             return NotImplemented
-        return self._key() == other._key()
+        return self._hash == other._hash and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return self._hash
 
     def __repr__(self) -> str:
         return f"HloSharding({self.to_text()})"

@@ -51,7 +51,7 @@ def merge_sharding(existing: HloSharding, candidate: HloSharding, combine_partia
         changed = False
         elements = []
         for old, new in zip(existing.elements, candidate.elements):
-            better = merge_sharding(old, new, combine_partial)
+            better = None if old == new else merge_sharding(old, new, combine_partial)
             changed |= better is not None
             # XLA keeps the candidate's element even where it is not better.
             elements.append(better if better is not None else new)
@@ -100,6 +100,8 @@ def improved_sharding(
 
     `dims` is the instruction's array shape (None for tuples).
     """
+    if existing is not None and candidate == existing:
+        return None
     if existing is not None and _strictly_better(candidate, existing):
         return candidate
     if not is_spatially_partitioned(candidate):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from planner.sharding.algebra import (
     merge_if_compatible,
@@ -120,6 +121,12 @@ def propagate_through_reshape(source: Sequence[int], target: Sequence[int], s: H
     Tries the longest runs of consecutive source dims first and combines what
     each run contributes.
     """
+    return _through_reshape(tuple(source), tuple(target), s)
+
+
+# A pure function of hashable values that propagation asks again and again.
+@lru_cache(maxsize=65536)
+def _through_reshape(source: tuple[int, ...], target: tuple[int, ...], s: HloSharding) -> HloSharding:
     if not s.is_tiled:
         return s
     assert s.tile_assignment is not None

@@ -82,6 +82,7 @@ class TileAssignment:
     iota: Iota | None = None
     explicit: tuple[int, ...] | None = None
     _flat: tuple[int, ...] = field(default=(), repr=False)
+    _hash: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if (self.iota is None) == (self.explicit is None):
@@ -106,6 +107,7 @@ class TileAssignment:
                 raise ValueError(f"device list {list(self.explicit)} repeats a device or has a negative id")
             flat = self.explicit
         object.__setattr__(self, "_flat", flat)
+        object.__setattr__(self, "_hash", hash((self.dims, flat)))
 
     @staticmethod
     def from_iota(dims: tuple[int, ...], reshape_dims: tuple[int, ...] | None = None,
@@ -137,12 +139,14 @@ class TileAssignment:
         return len(self.dims)
 
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
         if not isinstance(other, TileAssignment):
             return NotImplemented
-        return self.dims == other.dims and self._flat == other._flat
+        return self._hash == other._hash and self.dims == other.dims and self._flat == other._flat
 
     def __hash__(self) -> int:
-        return hash((self.dims, self._flat))
+        return self._hash
 
     def devices_text(self) -> str:
         """The device part after `devices=[dims]`, in the written form."""

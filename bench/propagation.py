@@ -1,0 +1,82 @@
+"""Propagation speed: this simulator against XLA's own compile of the same module.
+
+    .venv/bin/python bench/propagation.py [FILE.hlo ...] [--repeat N]
+
+For each file: our parse + call inlining + propagation (median of N), and
+XLA's SPMD compile on 8 virtual CPU devices through jaxlib (median of 2:
+text -> HloModule -> StableHLO -> compile), side by side with the ratio.
+XLA's compile does more than propagate (it partitions and optimises); that is
+the cost a user pays today to learn the same shardings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
+from planner.hlo.parser import parse_hlo  # noqa: E402
+from planner.propagation import propagate  # noqa: E402
+
+SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
+DEFAULT = [
+    SHARED / "corpus" / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo",
+    SHARED / "corpus" / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo",
+]
+
+
+def xla_compile_seconds(text: str, partitions: int = 8) -> float:
+    import jax
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+
+    jax.config.update("jax_use_shardy_partitioner", False)
+    start = time.perf_counter()
+    module = xla_client._xla.hlo_module_from_text(text)
+    mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+    options = xla_client.CompileOptions()
+    options.num_replicas = 1
+    options.num_partitions = partitions
+    build = options.executable_build_options
+    build.num_partitions = partitions
+    build.use_spmd_partitioning = True
+    if hasattr(build, "use_shardy_partitioner"):
+        build.use_shardy_partitioner = False
+    client = xla_bridge.get_backend()
+    devices = xla_client.DeviceList(tuple(jax.devices()[:partitions]))
+    compile_fn = client.compile_and_load if hasattr(client, "compile_and_load") else client.compile
+    compile_fn(mlir, devices, options)
+    return time.perf_counter() - start
+
+
+def ours_seconds(text: str) -> float:
+    start = time.perf_counter()
+    propagate(parse_hlo(text))
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*", type=Path, default=DEFAULT)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    print(f"{'file':<40} {'ours s':>8} {'XLA compile s':>14} {'ours/XLA':>9}")
+    for path in args.files:
+        text = for_jaxlib_0_7(path.read_text())
+        ours = statistics.median(ours_seconds(text) for _ in range(args.repeat))
+        xla = statistics.median(xla_compile_seconds(text) for _ in range(2))
+        print(f"{path.name:<40} {ours:>8.3f} {xla:>14.3f} {ours / xla:>9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
