@@ -114,7 +114,7 @@ def xla_case_results(cases: list[dict]) -> list[tuple[str, str, str, str | None]
         options = PropagationOptions(
             case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"])
         )
-        result = propagate(module, options)
+        result = propagate(module, options, inline=False)
         for key, want in case["expect"].items():
             if key == "@root":
                 name = result.renamed.get(module.entry.root_name, module.entry.root_name)

@@ -37,6 +37,8 @@ def infer_from_users(ctx: Context, node: Node) -> bool:
             ctx.set(node, HloSharding.replicate(), "operand of rng-bit-generator", (user,))
             return True
         s = sharding_from_user(ctx, node, user, ctx.aggressiveness)
+        if s is not None and node.is_custom_call("ShardBarrierTo"):
+            s = HloSharding.replicate()  # nothing flows backward through this barrier
         if s is not None:
             improved |= ctx.improve(node, s, f"from user {user.opcode}", (user,))
     return improved
@@ -85,9 +87,24 @@ def _concatenate(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSh
     if us.is_replicated or ctx.options.is_spmd or not us.is_tiled:
         return us
     cdim = user.inst.attr("dimensions", (0,))[0]
-    if us.data_tile_dims[cdim] == 1:
+    tiles = us.data_tile_dims[cdim]
+    if tiles == 1:
         return us
-    return None
+    # Non-SPMD: this operand lives on the devices whose tiles cover its range.
+    assert us.tile_assignment is not None
+    offset = 0
+    for operand in user.operands:
+        if operand is node:
+            break
+        offset += operand.dims[cdim]
+    tile = -(-user.dims[cdim] // tiles)
+    first, end = offset // tile, -(-(offset + node.dims[cdim]) // tile)
+    array = us.tile_assignment.array().take(range(first, end), axis=cdim)
+    if array.size == 1:
+        return HloSharding.maximal(int(array.reshape(-1)[0]))
+    from planner.sharding.tile_assignment import TileAssignment
+
+    return HloSharding.tile(TileAssignment.from_devices(array))
 
 
 def _dynamic_slicing(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
@@ -244,6 +261,14 @@ def _custom_call(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSh
     return us if _compatible(node.shape, user.shape) else None
 
 
+def _outfeed(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    if user.operand_index(node) != 0:
+        return None
+    # The outfeed's sharding covers (its operands..., token): take operand 0's part.
+    shape = TupleShape(tuple(o.shape for o in user.operands))
+    return sub_sharding(us, shape, 0) if us.is_tuple else us
+
+
 _RULES = {
     "broadcast": _broadcast,
     "concatenate": _concatenate,
@@ -262,4 +287,5 @@ _RULES = {
     "sort": _sort_or_window,
     "reduce-window": _sort_or_window,
     "custom-call": _custom_call,
+    "outfeed": _outfeed,
 }

@@ -26,6 +26,8 @@ PARTITIONABLE = frozenset(
     select-and-scatter slice sort transpose tuple while reduce rng-bit-generator all-reduce reduce-scatter""".split()
 )
 PASSTHROUGH_CUSTOM_CALLS = frozenset({"Sharding", "X64Combine", "LayoutConstraint"})
+# Custom-calls XLA partitions itself (registered partitioners).
+SHARDABLE_CUSTOM_CALLS = PASSTHROUGH_CUSTOM_CALLS | {"ShardBarrierFrom", "ShardBarrierTo"}
 
 
 _ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE | ELEMENTWISE_EXTRA
@@ -52,6 +54,8 @@ class Context:
         self.computation_map: dict[str, Node] = {}
         self.aggressiveness = 0
         self.iteration = 0
+        # Partial annotations: id(node) -> dims the annotation leaves open.
+        self.unspecified_dims: dict[int, tuple[int, ...]] = {}
 
     @property
     def combine_partial(self) -> bool:
@@ -99,7 +103,7 @@ class Context:
         if node.opcode == "reverse":
             return self.options.is_spmd
         if node.opcode == "custom-call":
-            return self.options.is_spmd and node.inst.attr("custom_call_target") in PASSTHROUGH_CUSTOM_CALLS
+            return self.options.is_spmd and node.inst.attr("custom_call_target") in SHARDABLE_CUSTOM_CALLS
         return False
 
     @property

@@ -45,7 +45,7 @@ def dot_dims(inst: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     return DotDims(batch, contracting, lhs_nc, rhs_nc)
 
 
-def _label_positions(labels: str) -> tuple[dict[str, int], list[int]]:
+def label_positions(labels: str) -> tuple[dict[str, int], list[int]]:
     named = {c: i for i, c in enumerate(labels) if not c.isdigit()}
     spatial = [i for _, i in sorted((int(c), i) for i, c in enumerate(labels) if c.isdigit())]
     return named, spatial
@@ -55,9 +55,9 @@ def conv_dims(inst: Instruction, lhs_dims: tuple[int, ...], rhs_dims: tuple[int,
     """ParseConvolutionDimsInfo: classify each spatial dim as batch, contracting, free or spatial."""
     labels: ConvDimLabels = inst.attr("dim_labels")
     window: tuple[WindowDim, ...] = inst.attr("window", ())
-    lhs_named, lhs_spatial = _label_positions(labels.lhs)
-    rhs_named, rhs_spatial = _label_positions(labels.rhs)
-    out_named, out_spatial = _label_positions(labels.out)
+    lhs_named, lhs_spatial = label_positions(labels.lhs)
+    rhs_named, rhs_spatial = label_positions(labels.rhs)
+    out_named, out_spatial = label_positions(labels.out)
     batch: list[DimRole] = []
     contracting = [DimRole(lhs_named["f"], rhs_named["i"], -1)]
     lhs_nc = [DimRole(lhs_named["b"], -1, out_named["b"])]
@@ -67,17 +67,37 @@ def conv_dims(inst: Instruction, lhs_dims: tuple[int, ...], rhs_dims: tuple[int,
         wd = window[i] if i < len(window) else WindowDim(size=1)
         lhs_size, rhs_size = lhs_dims[ls], rhs_dims[rs]
         no_pad = wd.pad_low == 0 and wd.pad_high == 0
+        if _spatial_is_batch(lhs_size, rhs_size, wd):
+            batch.append(DimRole(ls, rs, os))
+            continue
         undilated = wd.lhs_dilate == 1 and wd.rhs_dilate == 1
         whole_window = lhs_size == wd.size == rhs_size and lhs_size > 1 and wd.stride in (1, lhs_size)
         if whole_window and undilated and no_pad and not wd.reversal:
             contracting.append(DimRole(ls, rs, -1))
             continue
         if wd.stride == 1 and wd.lhs_dilate == 1 and wd.rhs_dilate == 1:
+            # Trivial spatial dims act as free dims; they keep both operand
+            # indices so the other side's size-1 dim is replicated as XLA does.
             if rhs_size == 1 and wd.size == 1 and no_pad and not wd.reversal:
-                lhs_nc.append(DimRole(ls, -1, os))
+                lhs_nc.append(DimRole(ls, rs, os))
                 continue
             if lhs_size == 1 and wd.size == rhs_size and wd.pad_low == wd.pad_high == rhs_size - 1 and wd.reversal:
-                rhs_nc.append(DimRole(-1, rs, os))
+                rhs_nc.append(DimRole(ls, rs, os))
                 continue
         spatial.append(DimRole(ls, rs, os))
     return DotDims(tuple(batch), tuple(contracting), tuple(lhs_nc), tuple(rhs_nc), tuple(spatial))
+
+
+def _spatial_is_batch(lhs_size: int, rhs_size: int, wd: WindowDim) -> bool:
+    """A window that steps over the input one element per output: a batch dim in disguise.
+
+    XLA's SpatialIsBatch: window size = input size = base dilation, and the
+    stride or window dilation is max(1, size - 1), with no padding or reversal.
+    """
+    size = wd.size
+    if wd.reversal or wd.pad_low or wd.pad_high:
+        return False
+    if not (lhs_size == size == wd.lhs_dilate and size > 1):
+        return False
+    step = max(1, size - 1)
+    return wd.stride == step or wd.rhs_dilate == step

@@ -70,10 +70,14 @@ class Propagator:
             base = operand.sharding or HloSharding.unknown()
             operand.sharding = base.with_shard_group(s.shard_group)
             operand.provenance = Provenance("shard group annotation", (node.name,))
+            self.renamed[node.name] = operand.name
             g.replace_uses(node, operand)
             return
         self._register_group(node)
-        if operand.sharding is None:
+        unspecified = _unspecified_dims(node)
+        if unspecified is not None:
+            self.ctx.unspecified_dims[id(node)] = unspecified
+        elif operand.sharding is None:
             operand.sharding = node.sharding
             operand.provenance = Provenance("annotation on user", (node.name,))
 
@@ -191,19 +195,69 @@ class Propagator:
                         after_change(node)
                         changed_last = True
                 for node in order:
-                    if id(node) in done_fwd or ctx.is_provided(node):
+                    if id(node) in done_fwd:
+                        continue
+                    if ctx.is_provided(node):
+                        if (
+                            ctx.combine_partial
+                            and id(node) in ctx.unspecified_dims
+                            and self.unspecified_from_operand(node)
+                        ):
+                            after_change(node)
+                            done_fwd.add(id(node))
+                            changed_last = True
                         continue
                     done_fwd.add(id(node))
                     if infer_from_operands(ctx, node):
                         after_change(node)
                         changed_last = True
                 for node in reversed(order):
-                    if id(node) in done_bwd or ctx.is_provided(node):
+                    if id(node) in done_bwd:
+                        continue
+                    if ctx.is_provided(node):
+                        if (
+                            ctx.combine_partial
+                            and id(node) in ctx.unspecified_dims
+                            and self.unspecified_from_users(node)
+                        ):
+                            after_change(node)
+                            done_bwd.add(id(node))
+                            changed_last = True
                         continue
                     done_bwd.add(id(node))
                     if infer_from_users(ctx, node):
                         after_change(node)
                         changed_last = True
+
+    def unspecified_from_operand(self, node: Node) -> bool:
+        """InferUnspecifiedDimsFromOperand: a partial annotation learns its open dims."""
+        operand = node.operands[0]
+        s = operand.sharding
+        if s is None or not s.is_tiled or node.sharding is None:
+            return False
+        partial = algebra.partially_replicate_all_except(s, self.ctx.unspecified_dims[id(node)])
+        merged = algebra.merge_if_compatible(partial, node.sharding)
+        if merged is None:
+            return False
+        self.ctx.set(node, merged, "unspecified dims from operand", (operand,))
+        return True
+
+    def unspecified_from_users(self, node: Node) -> bool:
+        from planner.propagation.backward import sharding_from_user
+
+        changed = False
+        for user in node.users:
+            if user.sharding is None or not user.sharding.is_tiled or node.sharding is None:
+                continue
+            s = sharding_from_user(self.ctx, node, user, self.ctx.aggressiveness)
+            if s is None or s.is_tile_maximal or s.is_tuple:
+                continue
+            partial = algebra.partially_replicate_all_except(s, self.ctx.unspecified_dims[id(node)])
+            merged = algebra.merge_if_compatible(partial, node.sharding)
+            if merged is not None:
+                self.ctx.set(node, merged, "unspecified dims from user", (user,))
+                changed = True
+        return changed
 
     def infer_from_group(self, node: Node, gid: int) -> bool:
         ctx = self.ctx
@@ -281,21 +335,52 @@ class Propagator:
             root.sharding = HloSharding.tuple_of(tuple(leaves))
         params = g.parameters(g.entry)
         pflags = ctx.options.allow_to_parameters
-        if ctx.allow_parameters and len(pflags) == len(params):
+        if ctx.allow_parameters and len(pflags) == len(params) and len(pflags) > 1:
             for i, p in enumerate(params):
                 if not pflags[i]:
                     saved = saved_params.get(i)
                     p.sharding = saved if saved is not None and not saved.is_unknown else None
+        elif ctx.allow_parameters and len(params) == 1 and len(pflags) > 1 and params[0].sharding is not None:
+            # One tuple parameter: the flags are per tuple element.
+            param = params[0]
+            saved = saved_params.get(0)
+            current = param.sharding
+            assert current is not None
+            if current.is_tuple and len(current.elements) == len(pflags):
+                leaves = list(current.elements)
+                for i, allowed in enumerate(pflags):
+                    if allowed:
+                        continue
+                    kept = saved.elements[i] if saved is not None and saved.is_tuple else None
+                    leaves[i] = kept if kept is not None and not kept.is_unknown else HloSharding.replicate()
+                param.sharding = HloSharding.tuple_of(tuple(leaves))
         # Allowed outputs and parameters must split evenly, else they stay replicated.
         if ctx.allow_output and root.sharding is not None and (not root.sharding.is_tuple or len(flags) > 1):
             _replicate_if_uneven(root, flags)
         if ctx.allow_parameters:
             for i, p in enumerate(params):
-                if (len(pflags) == 1 or pflags[i]) and p.sharding is not None and not _evenly(p.shape, p.sharding):
+                if p.sharding is None:
+                    continue
+                if len(params) == 1 and len(pflags) > 1 and p.sharding.is_tuple:
+                    leaves = [
+                        HloSharding.replicate() if pflags[k] and not _evenly(leaf, e) else e
+                        for k, (leaf, e) in enumerate(zip(p.shape.leaves(), p.sharding.elements))
+                    ]
+                    p.sharding = HloSharding.tuple_of(tuple(leaves))
+                elif (len(pflags) == 1 or (i < len(pflags) and pflags[i])) and not _evenly(p.shape, p.sharding):
                     p.sharding = HloSharding.replicate()
 
     def run(self) -> None:
         g, ctx = self.graph, self.ctx
+        for node in g.nodes():
+            # Leftovers of an earlier CSE-prevention run are not annotations.
+            if (
+                node.sharding is not None
+                and node.sharding.metadata
+                and all(_CSE_PREVENTION in m for m in node.sharding.metadata)
+            ):
+                node.sharding = None
+                node.provenance = None
         self.process_sharding_instructions()
         root = g.root(g.entry)
         saved_root = root.sharding if ctx.allow_output else None
@@ -314,6 +399,13 @@ class Propagator:
             self.align_shard_as_groups()
             self.run_to_fix_point(3)
         self.restore_fixed_outputs(saved_root, saved_params)
+        self._remove_shard_barriers()
+
+    def _remove_shard_barriers(self) -> None:
+        for node in list(self.graph.nodes()):
+            if node.is_custom_call("ShardBarrierFrom") or node.is_custom_call("ShardBarrierTo"):
+                self.renamed[node.name] = node.operands[0].name
+                self.graph.replace_uses(node, node.operands[0])
 
     def _copy_above_entry_root(self, root: Node) -> None:
         g = self.graph
@@ -328,6 +420,22 @@ class Propagator:
         g.computations[root.computation].append(copy)
         g.roots[root.computation] = copy
         g.structure_changed()
+
+
+_CSE_PREVENTION = "_sharding_propagation_cse_prevention"
+
+
+def _unspecified_dims(node: Node) -> tuple[int, ...] | None:
+    """`backend_config="unspecified_dims=[0,2]"` on a Sharding custom-call."""
+    import re
+
+    config = node.inst.attr("backend_config")
+    if not isinstance(config, str):
+        return None
+    m = re.search(r"unspecified_dims=\[([\d,\s]*)\]", config)
+    if m is None:
+        return None
+    return tuple(sorted(int(d) for d in m.group(1).split(",") if d.strip()))
 
 
 def _has_unknown(s: HloSharding) -> bool:

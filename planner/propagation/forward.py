@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.propagation.context import Context, is_elementwise
-from planner.propagation.dot_dims import DotDims, conv_dims, dot_dims
+from planner.propagation.dot_dims import DotDims, conv_dims, dot_dims, label_positions
 from planner.propagation.graph import Node, sub_sharding, tuple_sharding_for
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding, Kind
@@ -383,8 +383,73 @@ def _convolution(ctx: Context, node: Node) -> bool:
     groups = node.inst.attr("feature_group_count", 1) == 1 and node.inst.attr("batch_group_count", 1) == 1
     if not dims.conv_spatial or (not spatial_sharded and groups):
         return _dot_like(ctx, node, dims)
-    node.unknown_reason = "convolution with partitioned spatial dims is not modelled"
-    return False
+    if not _partitioned(lhs):
+        return False
+    s = lhs.sharding
+    assert s is not None
+    if s.is_tile_maximal:
+        return ctx.improve(node, s, "convolution from input", (lhs,), _aggressive(ctx, node))
+    labels = node.inst.attr("dim_labels")
+    lhs_named, lhs_spatial = label_positions(labels.lhs)
+    rhs_named, rhs_spatial = label_positions(labels.rhs)
+    out_named, out_spatial = label_positions(labels.out)
+    if _kernel_is_small(rhs.dims, rhs_spatial, node.dims, out_spatial):
+        if s.is_tiled and s.data_tile_dims[lhs_named["f"]] > 1:
+            return False
+        output_to_lhs = [0] * node.rank
+        output_to_lhs[out_named["b"]] = lhs_named["b"]
+        output_to_lhs[out_named["f"]] = lhs_named["f"]
+        for o, i in zip(out_spatial, lhs_spatial):
+            output_to_lhs[o] = i
+        out = algebra.transpose_sharding(s, output_to_lhs)
+        return ctx.improve(node, out, "convolution (small kernel) from input", (lhs,), _aggressive(ctx, node))
+    out = algebra.partially_replicate_all_except(s, (lhs_named["b"],))
+    return ctx.improve(node, out, "convolution (large kernel) from input batch", (lhs,), _aggressive(ctx, node))
+
+
+def _kernel_is_small(
+    kernel: tuple[int, ...], kernel_spatial: list[int], output: tuple[int, ...], output_spatial: list[int]
+) -> bool:
+    """IsConvolutionKernelSmall: the window is small against the output in every spatial dim."""
+    kernel_product = output_product = 1
+    for i, (k, o) in enumerate(zip(kernel_spatial, output_spatial)):
+        kernel_dim, output_dim = kernel[k], output[o]
+        kernel_product *= kernel_dim
+        output_product *= output_dim
+        if kernel_dim >= output_dim and (i < 2 or kernel_dim > 3 or kernel_product >= output_product):
+            return False
+    return True
+
+
+def _sort(ctx: Context, node: Node) -> bool:
+    operand = pick_representative_operand(node)
+    if operand is None or not _partitioned(operand):
+        return False
+    s = operand.sharding
+    assert s is not None
+    sort_dim = node.inst.attr("dimensions", (0,))[0]
+    if s.is_tiled and s.data_tile_dims[sort_dim] > 1:
+        # Sharded along the sort dim: only if the tiles could move to another dim.
+        dims = operand.dims
+        tiles = s.data_tile_dims
+        movable = (
+            len(dims) >= 2
+            and dims[sort_dim] != 1
+            and any(d != sort_dim and dims[d] % (tiles[sort_dim] * tiles[d]) == 0 for d in range(len(dims)))
+        )
+        if not movable:
+            return False
+    return ctx.improve(node, tuple_sharding_for(node.shape, s), "sort", (operand,), _aggressive(ctx, node))
+
+
+def _custom_call(ctx: Context, node: Node) -> bool:
+    if node.is_custom_call("ShardBarrierFrom"):
+        return False  # a barrier: nothing flows forward through it
+    operand = node.operands[0] if node.is_custom_call("ShardBarrierTo") else pick_representative_operand(node)
+    if operand is None or not _partitioned(operand):
+        return False
+    assert operand.sharding is not None
+    return ctx.improve(node, operand.sharding, node.inst.attr("custom_call_target"), (operand,), _aggressive(ctx, node))
 
 
 def _default(ctx: Context, node: Node) -> bool:
@@ -433,6 +498,8 @@ _RULES = {
     "dynamic-update-slice": _dynamic_update_slice,
     "while": _while,
     "parameter": _parameter,
+    "sort": _sort,
+    "custom-call": _custom_call,
 }
 
 __all__ = ["Kind", "infer_from_operands", "pick_representative_operand"]
