@@ -229,6 +229,10 @@ class Propagator:
                         after_change(node)
                         changed_last = True
 
+    def _refinable(self, node: Node) -> bool:
+        """A frozen partial annotation may still learn its unspecified dims."""
+        return self.ctx.combine_partial and id(node) in self.ctx.unspecified_dims
+
     def unspecified_from_operand(self, node: Node) -> bool:
         """InferUnspecifiedDimsFromOperand: a partial annotation learns its open dims."""
         operand = node.operands[0]

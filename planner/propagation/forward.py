@@ -391,7 +391,7 @@ def _convolution(ctx: Context, node: Node) -> bool:
         return ctx.improve(node, s, "convolution from input", (lhs,), _aggressive(ctx, node))
     labels = node.inst.attr("dim_labels")
     lhs_named, lhs_spatial = label_positions(labels.lhs)
-    rhs_named, rhs_spatial = label_positions(labels.rhs)
+    _, rhs_spatial = label_positions(labels.rhs)
     out_named, out_spatial = label_positions(labels.out)
     if _kernel_is_small(rhs.dims, rhs_spatial, node.dims, out_spatial):
         if s.is_tiled and s.data_tile_dims[lhs_named["f"]] > 1:
