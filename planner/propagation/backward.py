@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.propagation import gather_scatter as gs
 from planner.propagation.context import Context
 from planner.propagation.dot_dims import DotDims, conv_dims, dot_dims
 from planner.propagation.graph import Node, leaf_offsets, sub_sharding
@@ -269,6 +270,47 @@ def _outfeed(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloShardi
     return sub_sharding(us, shape, 0) if us.is_tuple else us
 
 
+def _gather(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    spec = gs.gather_spec(user)
+    index = user.operand_index(node)
+    if index == 1:
+        return gs.index_from_output(spec, us)
+    if index == 0 and ctx.options.is_spmd:
+        return gs.operand_from_output(spec, us)
+    return None
+
+
+def _scatter(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    count = (len(user.operands) - 1) // 2
+    index = user.operand_index(node)
+    if index < count:
+        return sub_sharding(us, user.shape, index) if us.is_tuple else us
+    spec = gs.scatter_spec(user)
+    indices = user.operands[count]
+    updates = user.operands[count + 1 :]
+    if index == count:
+        from_updates = [
+            gs.index_from_output(spec, u.sharding)
+            for u in updates
+            if u.sharding is not None and is_spatially_partitioned(u.sharding)
+        ]
+        return algebra.find_common_sharding(from_updates) if from_updates else None
+    update_index = index - count - 1
+    from_indices = HloSharding.replicate()
+    if indices.sharding is not None and is_spatially_partitioned(indices.sharding):
+        from_indices = gs.output_from_index(spec, indices.sharding)
+    if ctx.options.is_spmd:
+        output = sub_sharding(us, user.shape, update_index) if us.is_tuple else us
+        from_output = gs.operand_to_update(spec, output)
+        if from_output is not None:
+            if not from_indices.is_manual and not from_output.is_manual:
+                merged = algebra.merge_if_compatible(from_indices, from_output)
+                from_output = merged if merged is not None else from_output
+            if not from_output.is_tile_maximal:
+                return from_output
+    return from_indices if not from_indices.is_tile_maximal else None
+
+
 _RULES = {
     "broadcast": _broadcast,
     "concatenate": _concatenate,
@@ -288,4 +330,6 @@ _RULES = {
     "reduce-window": _sort_or_window,
     "custom-call": _custom_call,
     "outfeed": _outfeed,
+    "gather": _gather,
+    "scatter": _scatter,
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.propagation import gather_scatter as gs
 from planner.propagation.context import Context, is_elementwise
 from planner.propagation.dot_dims import DotDims, conv_dims, dot_dims, label_positions
 from planner.propagation.graph import Node, sub_sharding, tuple_sharding_for
@@ -452,6 +453,120 @@ def _custom_call(ctx: Context, node: Node) -> bool:
     return ctx.improve(node, operand.sharding, node.inst.attr("custom_call_target"), (operand,), _aggressive(ctx, node))
 
 
+def improve_element(
+    ctx: Context, node: Node, s: HloSharding, index: int, rule: str, sources: tuple[Node, ...], aggressive: bool = False
+) -> bool:
+    """MaybeImproveInstructionSubSharding: improve one output of a multi-output op."""
+    if node.is_array:
+        return ctx.improve(node, s, rule, sources, aggressive)
+    from planner.hlo.shapes import TupleShape
+    from planner.sharding.merge import improved_sharding
+
+    assert isinstance(node.shape, TupleShape)
+    leaf = node.shape.elements[index]
+    current = node.sharding
+    existing = current.elements[index] if current is not None and current.is_tuple else current
+    dims = leaf.dims if hasattr(leaf, "dims") else None
+    result = improved_sharding(s, existing, dims, ctx.combine_partial, aggressive)
+    if result is None:
+        return False
+    count = len(node.shape.elements)
+    leaves = list(current.elements) if current is not None and current.is_tuple else [HloSharding.replicate()] * count
+    leaves[index] = result
+    ctx.set(node, HloSharding.tuple_of(tuple(leaves)), rule, sources)
+    return True
+
+
+def _gather(ctx: Context, node: Node) -> bool:
+    spec = gs.gather_spec(node)
+    aggressive = _aggressive(ctx, node)
+    operand, indices = spec.operand, spec.indices
+    changed = False
+    parallel = [gs.explicit_parallel(spec)]
+    if ctx.options.is_spmd:
+        parallel.append(gs.implicit_parallel(spec))
+    if parallel[0] is not None:
+        changed |= _gather_parallel(ctx, node, spec, parallel[0], aggressive)
+    if _partitioned(indices):
+        assert indices.sharding is not None
+        out = gs.output_from_index(spec, indices.sharding)
+        changed |= ctx.improve(node, out, "gather from indices", (indices,), aggressive)
+    if ctx.options.is_spmd:
+        if len(parallel) > 1 and parallel[1] is not None:
+            changed |= _gather_parallel(ctx, node, spec, parallel[1], aggressive)
+        if _partitioned(operand):
+            assert operand.sharding is not None
+            parallel_dims = [d for p in parallel if p is not None for d in p.operand_dims]
+            source = algebra.partially_replicate_on_dims(operand.sharding, parallel_dims)
+            passthrough = gs.output_from_operand_passthrough(spec, source)
+            if passthrough is not None:
+                changed |= ctx.improve(node, passthrough, "gather from operand (whole slices)", (operand,), aggressive)
+    return changed
+
+
+def _gather_parallel(ctx: Context, node: Node, spec: gs.Spec, dims: gs.Dims, aggressive: bool) -> bool:
+    changed = False
+    for source, source_dims in ((spec.operand, dims.operand_dims), (spec.indices, dims.indices_dims)):
+        if _partitioned(source):
+            assert source.sharding is not None
+            out = gs.parallel_from(source.sharding, source_dims, dims.output_dims, node.rank)
+            changed |= ctx.improve(node, out, "gather parallel dims", (source,), aggressive)
+    return changed
+
+
+def _scatter(ctx: Context, node: Node) -> bool:
+    count = (len(node.operands) - 1) // 2
+    if not ctx.options.is_spmd:
+        return any(
+            [improve_element(ctx, node, HloSharding.replicate(), i, "scatter (non-SPMD)", ()) for i in range(count)]
+        )
+    spec = gs.scatter_spec(node)
+    aggressive = _aggressive(ctx, node)
+    operands, indices, updates = node.operands[:count], node.operands[count], node.operands[count + 1 :]
+    rank = spec.operand.rank
+    changed = False
+    explicit = gs.explicit_parallel(spec)
+    if explicit is not None:
+        changed |= _scatter_parallel(ctx, node, spec, explicit, count, aggressive)
+    for i, operand in enumerate(operands):
+        if _partitioned(operand):
+            assert operand.sharding is not None
+            changed |= improve_element(ctx, node, operand.sharding, i, "scatter from operand", (operand,), aggressive)
+    if not _partitioned(indices) and not any(_partitioned(u) for u in updates):
+        return changed
+    implicit = gs.implicit_parallel(spec)
+    if implicit is not None:
+        changed |= _scatter_parallel(ctx, node, spec, implicit, count, aggressive)
+    for i, update in enumerate(updates):
+        if not _partitioned(update):
+            continue
+        assert update.sharding is not None
+        s = update.sharding
+        if s.is_tiled:
+            dims = gs.operand_passthrough(spec)
+            s = algebra.propagate_along_dims(s, dims.output_dims, dims.operand_dims, rank)
+            if s.is_tile_maximal:
+                continue
+        changed |= improve_element(ctx, node, s, i, "scatter from update (whole slices)", (update,), aggressive)
+    return changed
+
+
+def _scatter_parallel(ctx: Context, node: Node, spec: gs.Spec, dims: gs.Dims, count: int, aggressive: bool) -> bool:
+    changed = False
+    rank = spec.operand.rank
+    sources = [(o, dims.operand_dims) for o in node.operands[:count]]
+    sources.append((node.operands[count], dims.indices_dims))
+    sources += [(u, dims.output_dims) for u in node.operands[count + 1 :]]
+    for source, source_dims in sources:
+        if not _partitioned(source):
+            continue
+        assert source.sharding is not None
+        out = gs.parallel_from(source.sharding, source_dims, dims.operand_dims, rank)
+        for i in range(count):
+            changed |= improve_element(ctx, node, out, i, "scatter parallel dims", (source,), aggressive)
+    return changed
+
+
 def _default(ctx: Context, node: Node) -> bool:
     if is_elementwise(node) and ctx.combine_partial:
         changed = False
@@ -500,6 +615,8 @@ _RULES = {
     "parameter": _parameter,
     "sort": _sort,
     "custom-call": _custom_call,
+    "gather": _gather,
+    "scatter": _scatter,
 }
 
 __all__ = ["Kind", "infer_from_operands", "pick_representative_operand"]
