@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
-from planner.sharding.text import _parse_flat_cached  # noqa: E402
+from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 
@@ -39,7 +39,7 @@ def median_seconds(fn, repeat: int) -> float:
 
 def ours(text: str) -> None:
     # A cold parse each time: the sharding cache is per process.
-    _parse_flat_cached.cache_clear()
+    clear_caches()
     parse_hlo(text)
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
 from planner.propagation import propagate  # noqa: E402
+from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 DEFAULT = [
@@ -59,6 +60,7 @@ def xla_compile_seconds(text: str, partitions: int = 8) -> float:
 
 
 def ours_seconds(text: str) -> float:
+    clear_caches()  # each run starts cold, as a fresh request would
     start = time.perf_counter()
     propagate(parse_hlo(text))
     return time.perf_counter() - start

@@ -50,6 +50,8 @@ def _partitioned(node: Node) -> bool:
 
 
 def infer_from_operands(ctx: Context, node: Node) -> bool:
+    if node.unknown_reason is None:
+        node.unknown_reason = unmodelled_reason(node)
     if not ctx.can_propagate_at_level(node):
         return False
     if node.sharding is not None and node.sharding.is_manual:
@@ -567,6 +569,28 @@ def _scatter_parallel(ctx: Context, node: Node, spec: gs.Spec, dims: gs.Dims, co
     return changed
 
 
+def _reduce_window(ctx: Context, node: Node) -> bool:
+    window = node.inst.attr("window", ())
+    if any(w.lhs_dilate > 1 or w.rhs_dilate > 1 for w in window):
+        return False
+    changed = False
+    for operand in node.operands[: len(node.operands) // 2]:
+        if _partitioned(operand):
+            assert operand.sharding is not None
+            s = tuple_sharding_for(node.shape, operand.sharding)
+            changed |= ctx.improve(node, s, "reduce-window", (operand,), _aggressive(ctx, node))
+    return changed
+
+
+def _select_and_scatter(ctx: Context, node: Node) -> bool:
+    operand = node.operands[0]
+    window = node.inst.attr("window", ())
+    if not _partitioned(operand) or any(w.lhs_dilate > 1 for w in window):
+        return False
+    assert operand.sharding is not None
+    return ctx.improve(node, operand.sharding, "select-and-scatter", (operand,), _aggressive(ctx, node))
+
+
 def _default(ctx: Context, node: Node) -> bool:
     if is_elementwise(node) and ctx.combine_partial:
         changed = False
@@ -584,8 +608,6 @@ def _default(ctx: Context, node: Node) -> bool:
         return changed
     representative = pick_representative_operand(node)
     if representative is None:
-        if node.opcode not in _QUIET_DEFAULT and node.operands:
-            node.unknown_reason = f"no forward rule for {node.opcode}"
         return False
     if not _partitioned(representative):
         return False
@@ -595,8 +617,38 @@ def _default(ctx: Context, node: Node) -> bool:
     return ctx.improve(node, representative.sharding, node.opcode, (representative,), _aggressive(ctx, node))
 
 
-# Ops with no operand-derived sharding by design (XLA gives them none forward).
-_QUIET_DEFAULT = frozenset({"constant", "iota", "rng-bit-generator", "conditional", "parameter", "after-all"})
+# Ops XLA gives no operand-derived sharding by design, or treats as not
+# partitionable (they only ever become replicated): modelled, not unknown.
+_NO_FORWARD_RULE = frozenset(
+    """constant iota rng-bit-generator conditional parameter after-all bitcast call fusion fft cholesky
+    triangular-solve infeed outfeed send send-done recv recv-done partition-id replica-id get-dimension-size
+    set-dimension-size dynamic-reshape domain add-dependency rng-get-and-update-state""".split()
+)
+_KNOWN_CUSTOM_CALLS = frozenset(
+    {"Sharding", "ShardBarrierFrom", "ShardBarrierTo", "SPMDFullToShardShape", "SPMDShardToFullShape", "X64Combine",
+     "LayoutConstraint"}
+)  # fmt: skip
+
+
+def unmodelled_reason(node: Node) -> str | None:
+    """Why this node's forward behaviour may differ from a real XLA's, or None."""
+    if node.opcode == "custom-call":
+        target = node.inst.attr("custom_call_target")
+        if target not in _KNOWN_CUSTOM_CALLS:
+            return (
+                f"custom-call '{target}' is simulated as not partitionable; an XLA build with a partitioner "
+                "registered for it may shard it"
+            )
+        return None
+    if (
+        node.opcode in _RULES
+        or node.opcode in _FIRST_OPERAND
+        or node.opcode in _MOST_SPECIFIC
+        or node.opcode in _NO_FORWARD_RULE
+        or is_elementwise(node)
+    ):
+        return None
+    return f"no propagation rule for {node.opcode}"
 
 _RULES = {
     "get-tuple-element": _get_tuple_element,
@@ -617,6 +669,8 @@ _RULES = {
     "custom-call": _custom_call,
     "gather": _gather,
     "scatter": _scatter,
+    "reduce-window": _reduce_window,
+    "select-and-scatter": _select_and_scatter,
 }
 
 __all__ = ["Kind", "infer_from_operands", "pick_representative_operand"]

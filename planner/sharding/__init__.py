@@ -4,4 +4,18 @@ from planner.sharding.hlo_sharding import HloSharding, Kind, ShardGroup
 from planner.sharding.text import parse_sharding
 from planner.sharding.tile_assignment import Iota, TileAssignment
 
-__all__ = ["HloSharding", "Iota", "Kind", "ShardGroup", "TileAssignment", "parse_sharding"]
+__all__ = ["HloSharding", "Iota", "Kind", "ShardGroup", "TileAssignment", "clear_caches", "parse_sharding"]
+
+
+def clear_caches() -> None:
+    """Forgets memoised sharding algebra (benchmarks measure cold runs)."""
+    from planner.sharding import algebra, reshape, text
+
+    for cached in (
+        algebra._partially_replicate,
+        algebra.merge_if_compatible,
+        algebra._is_sub_tiling,
+        reshape._through_reshape,
+        text._parse_flat_cached,
+    ):
+        cached.cache_clear()
