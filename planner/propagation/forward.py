@@ -650,6 +650,7 @@ def unmodelled_reason(node: Node) -> str | None:
         return None
     return f"no propagation rule for {node.opcode}"
 
+
 _RULES = {
     "get-tuple-element": _get_tuple_element,
     "tuple": _tuple,
