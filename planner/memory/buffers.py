@@ -1,0 +1,97 @@
+"""Logical buffers after partitioning: which values share memory, and their per-device size.
+
+A value is one array leaf produced by one instruction. Values that XLA keeps
+in one allocation form a buffer:
+- views do not allocate: get-tuple-element, tuple, bitcast, and reshapes
+  (with the default layouts XLA's layout assignment gives, they are bitcasts);
+- a While's carried element lives in one buffer with its init element, the
+  body's parameter and root elements (XLA copies the init only if it is an
+  entry parameter or is still read after the loop);
+- a dynamic-update-slice writes into its operand when that operand dies there.
+Elementwise chains fused by XLA do not materialise either: a value whose only
+readers are fusible ops in the same computation is not a buffer of its own.
+
+Per-device size: each dim becomes ceil(dim / tiles) under the value's
+sharding; f32[8,1024,4096] under {devices=[1,4,2]<=[8]} is f32[8,256,2048],
+16,777,216 bytes on every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.propagation import PropagationResult
+from planner.sharding.hlo_sharding import HloSharding, Kind
+
+# Values a fused consumer computes on the fly from its producers.
+FUSIBLE = (
+    UNARY_ELEMENTWISE
+    | BINARY_ELEMENTWISE
+    | TERNARY_ELEMENTWISE
+    | frozenset("broadcast reshape slice pad iota concatenate dynamic-slice reduce transpose".split())
+)
+_VIEWS = frozenset({"get-tuple-element", "tuple", "bitcast", "reshape", "parameter"})
+
+
+@dataclass
+class Buffer:
+    """One allocation: a set of values that share memory."""
+
+    id: int
+    size_bytes: int
+    defined_by: str
+    computation: str
+    shape: ArrayShape
+    sharding: HloSharding | None
+    category: str = "temporary"  # parameter | output | loop-carried | temporary | constant
+    device: int | None = None  # a maximal sharding pins the buffer to one chip
+    start: int = 0
+    end: int = 0
+    loop: str | None = None  # the While whose carried tuple holds it
+    values: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def is_stacked(self) -> bool:
+        return self.loop is not None and self.shape.rank >= 2
+
+
+def leaf_shardings(shape: Shape, sharding: HloSharding | None) -> list[HloSharding | None]:
+    leaves = shape.leaves() if isinstance(shape, TupleShape) else (shape,)
+    if sharding is None:
+        return [None] * len(leaves)
+    if sharding.is_tuple:
+        return list(sharding.elements) + [None] * (len(leaves) - len(sharding.elements))
+    return [sharding] * len(leaves)
+
+
+def per_device_bytes(shape: ArrayShape, sharding: HloSharding | None) -> int:
+    if sharding is None or sharding.kind is not Kind.TILED:
+        return shape.byte_size
+    return shape.bytes_for_dims(sharding.shard_shape(shape.dims))
+
+
+def materialises(comp: Computation, inst: Instruction) -> bool:
+    """Whether XLA gives this instruction's value a buffer of its own after fusion."""
+    if inst.opcode in _VIEWS:
+        return False
+    if inst.opcode not in FUSIBLE or inst.opcode == "reduce":
+        return True
+    users = comp.users(inst.name)
+    if not users or inst.name == comp.root_name:
+        return True
+    # Fused into its readers only if every reader is itself fusible.
+    return not all(comp[u].opcode in FUSIBLE for u in users)
+
+
+def module_leaf_count(shape: Shape) -> int:
+    return len(shape.leaves()) if isinstance(shape, TupleShape) else 1
+
+
+def sharding_of(result: PropagationResult, name: str) -> HloSharding | None:
+    return result.sharding(name) if name in result else None
+
+
+__all__ = ["Buffer", "HloModule", "leaf_shardings", "materialises", "per_device_bytes", "sharding_of"]

@@ -1,0 +1,282 @@
+"""HBM per chip from propagated shardings: buffers, liveness and the peak.
+
+Reported in XLA's own terms (compiled memory stats): arguments + outputs +
+temporaries - aliased bytes, per device. Arguments are the entry parameters,
+outputs the buffers the entry root returns, temporaries the peak of
+everything else live at once, walking the entry computation in its order
+(text order is the schedule). A While holds its carried buffers for the whole
+loop and adds the peak of its body's own temporaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.memory.buffers import Buffer, leaf_shardings, materialises, per_device_bytes, sharding_of
+from planner.mesh import Mesh
+from planner.propagation import PropagationResult
+from planner.sharding.hlo_sharding import Kind
+
+Value = tuple[str, str, int]  # (computation, instruction, leaf index)
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-device bytes by category, and the buffers behind them."""
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    buffers: list[Buffer]
+    peak_position: int
+    peak_buffers: list[Buffer]
+    per_chip_bytes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Value, Value] = {}
+
+    def find(self, v: Value) -> Value:
+        self.parent.setdefault(v, v)
+        root = v
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[v] != root:
+            self.parent[v], v = root, self.parent[v]
+        return root
+
+    def union(self, a: Value, b: Value) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+def _leaves(shape: Shape) -> tuple[ArrayShape, ...]:
+    return shape.leaves() if isinstance(shape, TupleShape) else (shape,)  # type: ignore[return-value]
+
+
+def _offsets(shape: Shape) -> list[int]:
+    offsets = [0]
+    if isinstance(shape, TupleShape):
+        for e in shape.elements:
+            offsets.append(offsets[-1] + len(_leaves(e)))
+    return offsets
+
+
+class _Model:
+    def __init__(self, module: HloModule, result: PropagationResult) -> None:
+        self.module = module
+        self.result = result
+        self.uf = _UnionFind()
+        self.allocating: set[Value] = set()  # values that need memory of their own
+        self.size: dict[Value, int] = {}
+        self.info: dict[Value, tuple[ArrayShape, object]] = {}
+        self.loop_of: dict[Value, str] = {}
+        self.body_of: dict[str, Instruction] = {}  # body/cond computation -> While
+
+    def value(self, comp: str, name: str, leaf: int) -> Value:
+        return (comp, name, leaf)
+
+    def build(self) -> None:
+        for comp in self.module.computations:
+            for inst in comp.instructions:
+                if inst.opcode == "while":
+                    self.body_of[inst.attr("body").names[0]] = inst
+                    self.body_of[inst.attr("condition").names[0]] = inst
+        for name in self._walk_order():
+            comp = self.module.computation(name)
+            for inst in comp.instructions:
+                self._define(comp, inst)
+
+    def _walk_order(self) -> list[str]:
+        """Entry and every While body/condition reachable from it."""
+        order, stack = [], [self.module.entry_name]
+        while stack:
+            name = stack.pop()
+            if name in order:
+                continue
+            order.append(name)
+            for inst in self.module.computation(name).instructions:
+                if inst.opcode == "while":
+                    stack += [inst.attr("body").names[0], inst.attr("condition").names[0]]
+        return order
+
+    def _define(self, comp: Computation, inst: Instruction) -> None:
+        leaves = _leaves(inst.shape)
+        shardings = leaf_shardings(inst.shape, sharding_of(self.result, inst.name))
+        for i, (leaf, s) in enumerate(zip(leaves, shardings)):
+            v = self.value(comp.name, inst.name, i)
+            self.uf.find(v)
+            self.size[v] = per_device_bytes(leaf, s)
+            self.info[v] = (leaf, s)
+        op = inst.opcode
+        operands = [comp[o] for o in inst.operands]
+        if op == "get-tuple-element":
+            base = _offsets(operands[0].shape)[inst.attr("index")]
+            for i in range(len(leaves)):
+                self.uf.union(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
+        elif op == "tuple":
+            k = 0
+            for operand in operands:
+                for j in range(len(_leaves(operand.shape))):
+                    self.uf.union(self.value(comp.name, operand.name, j), self.value(comp.name, inst.name, k))
+                    k += 1
+        elif op in ("bitcast", "reshape") and self.size[self.value(comp.name, inst.name, 0)] == self.size.get(
+            self.value(comp.name, operands[0].name, 0)
+        ):
+            self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
+        elif op == "parameter":
+            loop = self.body_of.get(comp.name)
+            if loop is None:
+                if comp.name == self.module.entry_name:
+                    for i in range(len(leaves)):
+                        self.allocating.add(self.value(comp.name, inst.name, i))
+                return
+            for i in range(len(leaves)):
+                self.uf.union(self.value(comp.name, inst.name, i), self._loop_value(loop, i))
+        elif op == "while":
+            self._define_while(comp, inst, operands[0])
+        elif op == "dynamic-update-slice" and len(comp.users(operands[0].name)) == 1:
+            self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
+        elif materialises(comp, inst):
+            for i in range(len(leaves)):
+                self.allocating.add(self.value(comp.name, inst.name, i))
+
+    def _loop_value(self, loop: Instruction, leaf: int) -> Value:
+        home = self.module.home_of(loop.name)
+        return self.value(home, loop.name, leaf)
+
+    def _define_while(self, comp: Computation, inst: Instruction, init: Instruction) -> None:
+        body = self.module.computation(inst.attr("body").names[0])
+        root = body.root
+        later_users = [u for u in comp.users(init.name) if u != inst.name]
+        for i in range(len(_leaves(inst.shape))):
+            carried = self.value(comp.name, inst.name, i)
+            self.allocating.add(carried)
+            self.loop_of[carried] = inst.name
+            self.uf.union(carried, self.value(body.name, root.name, i))
+            init_value = self.value(comp.name, init.name, i)
+            init_root = self.uf.find(init_value)
+            # XLA copies the init element if it is an entry parameter or read after the loop.
+            from_parameter = any(
+                v in self.allocating and v[0] == self.module.entry_name and self._is_parameter(v)
+                for v in self._members(init_root)
+            )
+            if not from_parameter and not later_users:
+                self.uf.union(init_value, carried)
+
+    def _is_parameter(self, v: Value) -> bool:
+        return self.module.computation(v[0])[v[1]].opcode == "parameter"
+
+    def _members(self, root: Value) -> list[Value]:
+        return [v for v in self.uf.parent if self.uf.find(v) == root]
+
+
+def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | None = None) -> MemoryEstimate:
+    model = _Model(module, result)
+    model.build()
+    uf = model.uf
+    groups: dict[Value, list[Value]] = {}
+    for v in model.size:
+        groups.setdefault(uf.find(v), []).append(v)
+    entry = module.entry
+    positions = {inst.name: i for i, inst in enumerate(entry.instructions)}
+    end_position = len(entry.instructions)
+    # XLA copies a root element that is an entry parameter or appears twice, so
+    # every root leaf is an output buffer of its own; a value that is returned
+    # once (and is not a parameter) simply becomes that output buffer.
+    root_keys = [uf.find((entry.name, entry.root_name, i)) for i in range(len(_leaves(entry.root.shape)))]
+    root_values = {k for k in root_keys if root_keys.count(k) == 1}
+    buffers: list[Buffer] = []
+    body_peaks: dict[str, int] = {}
+    for key, members in groups.items():
+        allocating = [v for v in members if v in model.allocating]
+        if not allocating:
+            continue
+        size = max(model.size[v] for v in allocating)
+        first = allocating[0]
+        shape, sharding = model.info[first]
+        category = "temporary"
+        if any(v[0] == entry.name and model._is_parameter(v) for v in allocating):
+            category = "parameter"
+        elif key in root_values:
+            category = "output"
+        elif any(v in model.loop_of for v in members):
+            category = "loop-carried"
+        loop = next((model.loop_of[v] for v in members if v in model.loop_of), None)
+        device = sharding.device if sharding is not None and sharding.kind is Kind.MAXIMAL else None  # type: ignore[union-attr]
+        entry_members = [v for v in members if v[0] == entry.name]
+        start = min((positions[v[1]] for v in entry_members), default=-1)
+        end = start
+        for v in entry_members:
+            for user in entry.users(v[1]):
+                end = max(end, positions[user])
+        buffer = Buffer(len(buffers), size, first[1], first[0], shape, sharding, category, device, start, end, loop,
+                        members)  # fmt: skip
+        if start < 0:
+            # Local to a While body: counted in that body's own peak.
+            body_peaks.setdefault(first[0], 0)
+        buffers.append(buffer)
+    # Body-local temporaries: their peak adds at the While's position.
+    for comp_name in {b.computation for b in buffers if b.start < 0}:
+        body_peaks[comp_name] = _local_peak(module.computation(comp_name), [b for b in buffers if b.start < 0 and
+                                                                            b.computation == comp_name])  # fmt: skip
+    extra_at: dict[int, int] = {}
+    for comp_name, peak in body_peaks.items():
+        loop = model.body_of.get(comp_name)
+        if loop is not None and loop.name in positions:
+            extra_at[positions[loop.name]] = extra_at.get(positions[loop.name], 0) + peak
+    temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
+    peak, peak_position = 0, 0
+    for p in range(end_position):
+        live = sum(b.size_bytes for b in temps if b.start <= p <= b.end) + extra_at.get(p, 0)
+        if live > peak:
+            peak, peak_position = live, p
+    argument = sum(b.size_bytes for b in buffers if b.category == "parameter")
+    root_shardings = leaf_shardings(entry.root.shape, sharding_of(result, entry.root_name))
+    output = sum(per_device_bytes(leaf, s) for leaf, s in zip(_leaves(entry.root.shape), root_shardings))
+    # The root tuple's own table of pointers, one per element.
+    output += 8 * len(_leaves(entry.root.shape)) if isinstance(entry.root.shape, TupleShape) else 0
+    peak_buffers = sorted((b for b in temps if b.start <= peak_position <= b.end), key=lambda b: -b.size_bytes)
+    estimate = MemoryEstimate(argument, output, peak, 0, buffers, peak_position, peak_buffers)
+    devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
+    estimate.per_chip_bytes = _per_chip(estimate, devices)
+    return estimate
+
+
+def _local_peak(comp: Computation, buffers: list[Buffer]) -> int:
+    positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
+    spans = []
+    for b in buffers:
+        names = [v[1] for v in b.values if v[0] == comp.name]
+        start = min(positions[n] for n in names)
+        end = max([start] + [positions[u] for n in names for u in comp.users(n)])
+        spans.append((start, end, b.size_bytes))
+    return max((sum(s for a, e, s in spans if a <= p <= e) for p in range(len(comp.instructions))), default=0)
+
+
+def _num_devices(result: PropagationResult) -> int:
+    for inst in result.instructions:
+        s = inst.sharding
+        for leaf in s.elements if s is not None and s.is_tuple else (s,):
+            if leaf is not None and leaf.tile_assignment is not None:
+                return leaf.tile_assignment.num_devices
+    return 1
+
+
+def _per_chip(estimate: MemoryEstimate, devices: tuple[int, ...]) -> dict[int, int]:
+    """Every chip holds every buffer, except those pinned to one device."""
+    pinned: dict[int, int] = {}
+    for b in estimate.buffers:
+        if b.device is not None and b.category in ("parameter", "output"):
+            pinned[b.device] = pinned.get(b.device, 0) + b.size_bytes
+    shared = estimate.total_bytes - sum(pinned.values())
+    return {d: shared + pinned.get(d, 0) for d in devices}

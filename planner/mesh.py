@@ -1,0 +1,52 @@
+"""A device mesh: named axes over device ids.
+
+`Mesh.parse("fsdp=4,tp=2")` is the 4x2 mesh whose devices are 0..7 in
+row-major order: device 2*i + j sits at fsdp=i, tp=j, matching
+`{devices=[4,2]<=[8]}`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+_AXIS = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(\d+)\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    device_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.axis_names):
+            raise ValueError(f"mesh shape={self.shape} does not match axis_names={self.axis_names}")
+        if any(n < 1 for n in self.shape):
+            raise ValueError(f"mesh shape={self.shape} must be positive")
+        if len(set(self.axis_names)) != len(self.axis_names):
+            raise ValueError(f"mesh axis_names={self.axis_names} repeat a name")
+        ids = self.device_ids or tuple(range(math.prod(self.shape)))
+        if len(ids) != math.prod(self.shape) or len(set(ids)) != len(ids) or min(ids) < 0:
+            raise ValueError(f"device_ids={self.device_ids} must be {math.prod(self.shape)} distinct ids >= 0")
+        object.__setattr__(self, "device_ids", tuple(ids))
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.shape)
+
+    @staticmethod
+    def parse(text: str) -> Mesh:
+        """`fsdp=4,tp=2` (axis=size pairs, major to minor)."""
+        names, sizes = [], []
+        for part in text.split(","):
+            m = _AXIS.fullmatch(part)
+            if m is None:
+                raise ValueError(f"bad mesh axis {part!r} in {text!r}: expected name=size, e.g. fsdp=4,tp=2")
+            names.append(m.group(1))
+            sizes.append(int(m.group(2)))
+        return Mesh(tuple(sizes), tuple(names))
+
+    def to_text(self) -> str:
+        return ",".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
