@@ -17,7 +17,7 @@ from planner.hlo.shapes import ArrayShape, Shape, TupleShape
 from planner.memory.buffers import Buffer, leaf_shardings, materialises, per_device_bytes, sharding_of
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
-from planner.sharding.hlo_sharding import Kind
+from planner.sharding.hlo_sharding import HloSharding, Kind
 
 Value = tuple[str, str, int]  # (computation, instruction, leaf index)
 
@@ -78,7 +78,7 @@ class _Model:
         self.uf = _UnionFind()
         self.allocating: set[Value] = set()  # values that need memory of their own
         self.size: dict[Value, int] = {}
-        self.info: dict[Value, tuple[ArrayShape, object]] = {}
+        self.info: dict[Value, tuple[ArrayShape, HloSharding | None]] = {}
         self.loop_of: dict[Value, str] = {}
         self.body_of: dict[str, Instruction] = {}  # body/cond computation -> While
 
@@ -122,12 +122,12 @@ class _Model:
         if op == "get-tuple-element":
             base = _offsets(operands[0].shape)[inst.attr("index")]
             for i in range(len(leaves)):
-                self.uf.union(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
+                self._view(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
         elif op == "tuple":
             k = 0
             for operand in operands:
                 for j in range(len(_leaves(operand.shape))):
-                    self.uf.union(self.value(comp.name, operand.name, j), self.value(comp.name, inst.name, k))
+                    self._view(self.value(comp.name, operand.name, j), self.value(comp.name, inst.name, k))
                     k += 1
         elif op in ("bitcast", "reshape") and self.size[self.value(comp.name, inst.name, 0)] == self.size.get(
             self.value(comp.name, operands[0].name, 0)
@@ -144,11 +144,24 @@ class _Model:
                 self.uf.union(self.value(comp.name, inst.name, i), self._loop_value(loop, i))
         elif op == "while":
             self._define_while(comp, inst, operands[0])
-        elif op == "dynamic-update-slice" and len(comp.users(operands[0].name)) == 1:
+        elif (
+            op == "dynamic-update-slice"
+            and len(comp.users(operands[0].name)) == 1
+            and self.size.get(self.value(comp.name, operands[0].name, 0))
+            == self.size[self.value(comp.name, inst.name, 0)]
+        ):
+            # Updated in place: the operand dies here and has the same layout.
             self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
         elif materialises(comp, inst):
             for i in range(len(leaves)):
                 self.allocating.add(self.value(comp.name, inst.name, i))
+
+    def _view(self, source: Value, view: Value) -> None:
+        """A view shares its source's buffer, unless the sharding changes: then it is a resharded copy."""
+        if self.size.get(source) == self.size[view]:
+            self.uf.union(source, view)
+        else:
+            self.allocating.add(view)
 
     def _loop_value(self, loop: Instruction, leaf: int) -> Value:
         home = self.module.home_of(loop.name)
@@ -156,21 +169,36 @@ class _Model:
 
     def _define_while(self, comp: Computation, inst: Instruction, init: Instruction) -> None:
         body = self.module.computation(inst.attr("body").names[0])
+        cond = self.module.computation(inst.attr("condition").names[0])
         root = body.root
-        later_users = [u for u in comp.users(init.name) if u != inst.name]
+        dropped = _dead_pass_through(body, cond)
+        order = {x.name: k for k, x in enumerate(comp.instructions)}
+        taken: set[Value] = set()  # an init buffer feeds at most one carried element; XLA copies the rest
         for i in range(len(_leaves(inst.shape))):
             carried = self.value(comp.name, inst.name, i)
+            init_value = self.value(comp.name, init.name, i)
+            if i in dropped:
+                # XLA's while-loop simplifier removes an element the body only passes
+                # along: the loop's result there is the init value itself.
+                self.uf.union(init_value, carried)
+                continue
             self.allocating.add(carried)
             self.loop_of[carried] = inst.name
             self.uf.union(carried, self.value(body.name, root.name, i))
-            init_value = self.value(comp.name, init.name, i)
             init_root = self.uf.find(init_value)
-            # XLA copies the init element if it is an entry parameter or read after the loop.
             from_parameter = any(
                 v in self.allocating and v[0] == self.module.entry_name and self._is_parameter(v)
                 for v in self._members(init_root)
             )
-            if not from_parameter and not later_users:
+            read_later = False
+            if init.opcode == "tuple" and i < len(init.operands):
+                source = init.operands[i]
+                read_later = any(order[u] > order[inst.name] for u in comp.users(source))
+            # XLA copies an init element that is an entry parameter, is read after the
+            # loop, feeds another element too, or arrives in another layout.
+            same_layout = self.size.get(init_value) == self.size[carried]
+            if not from_parameter and not read_later and same_layout and init_root not in taken:
+                taken.add(init_root)
                 self.uf.union(init_value, carried)
 
     def _is_parameter(self, v: Value) -> bool:
@@ -178,6 +206,39 @@ class _Model:
 
     def _members(self, root: Value) -> list[Value]:
         return [v for v in self.uf.parent if self.uf.find(v) == root]
+
+
+def _dead_pass_through(body: Computation, cond: Computation) -> set[int]:
+    """Carried elements the body returns unchanged and nothing in the loop reads."""
+    root = body.root
+    if root.opcode != "tuple" or not body.parameters:
+        return set()
+    param = body.parameters[0].name
+    read: dict[int, int] = {}
+    for comp in (body, cond):
+        params = comp.parameters
+        if not params:
+            continue
+        for user in comp.users(params[0].name):
+            u = comp[user]
+            if u.opcode != "get-tuple-element":
+                return set()  # the whole tuple is read: keep everything
+            index = u.attr("index")
+            readers = comp.users(u.name)
+            passes_along = comp is body and readers == (root.name,) and root.operands.count(u.name) == 1
+            if not passes_along or root.operands.index(u.name) != index:
+                read[index] = read.get(index, 0) + 1
+    dropped = set()
+    for i, operand in enumerate(root.operands):
+        inst = body[operand]
+        if (
+            inst.opcode == "get-tuple-element"
+            and inst.operands[0] == param
+            and inst.attr("index") == i
+            and i not in read
+        ):
+            dropped.add(i)
+    return dropped
 
 
 def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | None = None) -> MemoryEstimate:
@@ -212,7 +273,7 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
         elif any(v in model.loop_of for v in members):
             category = "loop-carried"
         loop = next((model.loop_of[v] for v in members if v in model.loop_of), None)
-        device = sharding.device if sharding is not None and sharding.kind is Kind.MAXIMAL else None  # type: ignore[union-attr]
+        device = sharding.device if sharding is not None and sharding.kind is Kind.MAXIMAL else None
         entry_members = [v for v in members if v[0] == entry.name]
         start = min((positions[v[1]] for v in entry_members), default=-1)
         end = start
@@ -230,10 +291,10 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
         body_peaks[comp_name] = _local_peak(module.computation(comp_name), [b for b in buffers if b.start < 0 and
                                                                             b.computation == comp_name])  # fmt: skip
     extra_at: dict[int, int] = {}
-    for comp_name, peak in body_peaks.items():
-        loop = model.body_of.get(comp_name)
-        if loop is not None and loop.name in positions:
-            extra_at[positions[loop.name]] = extra_at.get(positions[loop.name], 0) + peak
+    for comp_name, body_peak in body_peaks.items():
+        owner = model.body_of.get(comp_name)
+        if owner is not None and owner.name in positions:
+            extra_at[positions[owner.name]] = extra_at.get(positions[owner.name], 0) + body_peak
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
     peak, peak_position = 0, 0
     for p in range(end_position):
