@@ -172,6 +172,7 @@ class _Model:
         cond = self.module.computation(inst.attr("condition").names[0])
         root = body.root
         dropped = _dead_pass_through(body, cond)
+        invariant = _invariant_elements(body)
         order = {x.name: k for k, x in enumerate(comp.instructions)}
         taken: set[Value] = set()  # an init buffer feeds at most one carried element; XLA copies the rest
         for i in range(len(_leaves(inst.shape))):
@@ -197,6 +198,13 @@ class _Model:
             # XLA copies an init element that is an entry parameter, is read after the
             # loop, feeds another element too, or arrives in another layout.
             same_layout = self.size.get(init_value) == self.size[carried]
+            # A read-only element needs no copy: the loop reads the init in place. An
+            # entry parameter is copied in when the body indexes it per iteration;
+            # when the body only uses it loop-invariantly, XLA hoists that use out.
+            hoisted = i in invariant and not _indexed_per_iteration(body, i)
+            if i in invariant and same_layout and (not from_parameter or hoisted):
+                self.uf.union(init_value, carried)
+                continue
             if not from_parameter and not read_later and same_layout and init_root not in taken:
                 taken.add(init_root)
                 self.uf.union(init_value, carried)
@@ -206,6 +214,35 @@ class _Model:
 
     def _members(self, root: Value) -> list[Value]:
         return [v for v in self.uf.parent if self.uf.find(v) == root]
+
+
+_PER_ITERATION = frozenset({"dynamic-slice", "dynamic-update-slice", "gather", "scatter"})
+
+
+def _indexed_per_iteration(body: Computation, index: int) -> bool:
+    """Whether the body reads carried element `index` through a per-iteration index."""
+    param = body.parameters[0].name
+    for user in body.users(param):
+        gte = body[user]
+        if gte.opcode == "get-tuple-element" and gte.attr("index") == index:
+            if any(body[r].opcode in _PER_ITERATION for r in body.users(gte.name)):
+                return True
+    return False
+
+
+def _invariant_elements(body: Computation) -> set[int]:
+    """Carried elements the body returns exactly as it received them."""
+    root = body.root
+    if root.opcode != "tuple" or not body.parameters:
+        return set()
+    param = body.parameters[0].name
+    return {
+        i
+        for i, operand in enumerate(root.operands)
+        if body[operand].opcode == "get-tuple-element"
+        and body[operand].operands[0] == param
+        and body[operand].attr("index") == i
+    }
 
 
 def _dead_pass_through(body: Computation, cond: Computation) -> set[int]:
