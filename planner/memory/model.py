@@ -222,12 +222,13 @@ _PER_ITERATION = frozenset({"dynamic-slice", "dynamic-update-slice", "gather", "
 def _indexed_per_iteration(body: Computation, index: int) -> bool:
     """Whether the body reads carried element `index` through a per-iteration index."""
     param = body.parameters[0].name
-    for user in body.users(param):
-        gte = body[user]
-        if gte.opcode == "get-tuple-element" and gte.attr("index") == index:
-            if any(body[r].opcode in _PER_ITERATION for r in body.users(gte.name)):
-                return True
-    return False
+    readers = [
+        body[r]
+        for user in body.users(param)
+        if body[user].opcode == "get-tuple-element" and body[user].attr("index") == index
+        for r in body.users(user)
+    ]
+    return any(r.opcode in _PER_ITERATION for r in readers)
 
 
 def _invariant_elements(body: Computation) -> set[int]:
