@@ -80,3 +80,23 @@ def test_propagate_prints_json_and_explains() -> None:
 def test_propagate_flags_are_checked() -> None:
     result = run(sys.executable, "-m", "planner", "propagate", "--allow-output", "maybe")
     assert result.returncode == 2 and "expected true/false flags" in result.stderr
+
+
+def test_memory_report_json_and_capacity() -> None:
+    result = run(sys.executable, "-m", "planner", "memory", "--mesh", "fsdp=4,tp=2", "--hbm", "512MiB", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    truth = json.loads((CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.truth.json").read_text())
+    kinds = truth["xla_allocation_bytes_by_kind"]
+    assert report["argument_bytes"] == kinds["parameter"]
+    assert report["output_bytes"] == kinds["maybe-live-out"] + kinds["output"]
+    assert report["over_capacity"] == list(range(8))  # about 650 MiB per chip does not fit in 512 MiB
+    assert report["headroom_bytes"] < 0
+    assert report["top_buffers"][0]["category"] == "loop-carried"
+
+
+def test_memory_rejects_bad_mesh_and_chip() -> None:
+    wrong = run(sys.executable, "-m", "planner", "memory", "--mesh", "x=4")
+    assert wrong.returncode == 2 and "has 4 devices but the module has num_partitions=8" in wrong.stderr
+    chip = run(sys.executable, "-m", "planner", "memory", "--chip", "v9")
+    assert chip.returncode == 2 and "unknown chip 'v9'" in chip.stderr

@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from planner.cli import parse_command, propagate_command
+from planner.cli import memory_command, parse_command, propagate_command
 from planner.errors import PlannerError
 
-_COMMANDS = (parse_command, propagate_command)
+_COMMANDS = (parse_command, propagate_command, memory_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _explain(result: PropagationResult, name: str) -> int:
     if name not in result:
-        print(f"spmd-planner: no instruction named {name!r}")
+        print(f"spmd-planner: no instruction named {name!r}", file=sys.stderr)
         return 2
     for depth, step in enumerate(result.explain(name)):
         inst = step.instruction

@@ -33,6 +33,8 @@ FUSIBLE = (
     | TERNARY_ELEMENTWISE
     | frozenset("broadcast reshape slice pad iota concatenate dynamic-slice reduce transpose".split())
 )
+# Ops XLA's fusion duplicates into every consumer rather than materialise.
+_CHEAP = frozenset("broadcast reshape iota slice convert".split())
 _VIEWS = frozenset({"get-tuple-element", "tuple", "bitcast", "reshape", "parameter"})
 
 
@@ -81,6 +83,9 @@ def materialises(comp: Computation, inst: Instruction) -> bool:
         return True
     users = comp.users(inst.name)
     if not users or inst.name == comp.root_name:
+        return True
+    # Read by several fusions, only cheap ops are recomputed in each; others get a buffer.
+    if len(users) > 1 and inst.opcode not in _CHEAP:
         return True
     # Fused into its readers only if every reader is itself fusible.
     return not all(comp[u].opcode in FUSIBLE for u in users)

@@ -302,6 +302,9 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
             continue
         size = max(model.size[v] for v in allocating)
         first = allocating[0]
+        # A loop-carried buffer is best known by its place in the loop's tuple.
+        carried = [v for v in allocating if v in model.loop_of]
+        label = f"{carried[0][1]}[{carried[0][2]}]" if carried else first[1]
         shape, sharding = model.info[first]
         category = "temporary"
         if any(v[0] == entry.name and model._is_parameter(v) for v in allocating):
@@ -318,8 +321,9 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
         for v in entry_members:
             for user in entry.users(v[1]):
                 end = max(end, positions[user])
-        buffer = Buffer(len(buffers), size, first[1], first[0], shape, sharding, category, device, start, end, loop,
-                        members)  # fmt: skip
+        buffer = Buffer(
+            len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members
+        )
         if start < 0:
             # Local to a While body: counted in that body's own peak.
             body_peaks.setdefault(first[0], 0)
@@ -347,7 +351,11 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
     peak_buffers = sorted((b for b in temps if b.start <= peak_position <= b.end), key=lambda b: -b.size_bytes)
     estimate = MemoryEstimate(argument, output, peak, 0, buffers, peak_position, peak_buffers)
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
-    estimate.per_chip_bytes = _per_chip(estimate, devices)
+    outputs = [
+        (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)
+        for leaf, s in zip(_leaves(entry.root.shape), root_shardings)
+    ]
+    estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate
 
 
@@ -371,11 +379,24 @@ def _num_devices(result: PropagationResult) -> int:
     return 1
 
 
-def _per_chip(estimate: MemoryEstimate, devices: tuple[int, ...]) -> dict[int, int]:
-    """Every chip holds every buffer, except those pinned to one device."""
-    pinned: dict[int, int] = {}
+def _per_chip(
+    estimate: MemoryEstimate, devices: tuple[int, ...], outputs: list[tuple[int, int | None]]
+) -> dict[int, int]:
+    """Every chip holds every buffer, except parameters and outputs pinned to one device.
+
+    `outputs` lists (bytes, device or None) per root leaf.
+    """
+    per_chip = {d: estimate.temp_bytes - estimate.alias_bytes for d in devices}
     for b in estimate.buffers:
-        if b.device is not None and b.category in ("parameter", "output"):
-            pinned[b.device] = pinned.get(b.device, 0) + b.size_bytes
-    shared = estimate.total_bytes - sum(pinned.values())
-    return {d: shared + pinned.get(d, 0) for d in devices}
+        if b.category == "parameter":
+            for d in devices if b.device is None else (b.device,):
+                if d in per_chip:
+                    per_chip[d] += b.size_bytes
+    table = estimate.output_bytes - sum(size for size, _ in outputs)  # the root tuple's pointer table
+    for d in per_chip:
+        per_chip[d] += table
+    for size, device in outputs:
+        for d in devices if device is None else (device,):
+            if d in per_chip:
+                per_chip[d] += size
+    return per_chip

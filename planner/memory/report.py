@@ -1,0 +1,162 @@
+"""HBM per chip for a module: the estimate, broken down, against a chip's capacity.
+
+Numbers are per device, in the terms of XLA's compiled memory stats:
+arguments + outputs + temporaries - aliased bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from planner.hlo.inline import inline_calls
+from planner.hlo.ir import HloModule
+from planner.hlo.loops import while_loops
+from planner.memory.buffers import Buffer
+from planner.memory.model import MemoryEstimate, estimate_memory
+from planner.mesh import Mesh
+from planner.propagation import PropagationOptions, PropagationResult, propagate
+
+
+@dataclass(frozen=True)
+class BufferLine:
+    instruction: str
+    computation: str
+    category: str
+    shape: str
+    sharding: str
+    per_device_bytes: int
+    stacked: bool
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    num_devices: int
+    mesh: str | None
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    total_bytes: int
+    per_chip_bytes: dict[int, int]
+    capacity_bytes: int | None
+    # Bytes live at the peak, by what holds them.
+    breakdown: dict[str, int]
+    top_buffers: tuple[BufferLine, ...]
+
+    @property
+    def peak_chip_bytes(self) -> int:
+        return max(self.per_chip_bytes.values())
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return None if self.capacity_bytes is None else self.capacity_bytes - self.peak_chip_bytes
+
+    def over_capacity(self) -> list[int]:
+        if self.capacity_bytes is None:
+            return []
+        return [d for d, b in self.per_chip_bytes.items() if b > self.capacity_bytes]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["per_chip_bytes"] = {str(k): v for k, v in self.per_chip_bytes.items()}
+        data["headroom_bytes"] = self.headroom_bytes
+        data["over_capacity"] = self.over_capacity()
+        return data
+
+
+def memory_report(
+    module: HloModule,
+    mesh: Mesh | None = None,
+    capacity_bytes: int | None = None,
+    top: int = 10,
+    result: PropagationResult | None = None,
+    options: PropagationOptions | None = None,
+) -> MemoryReport:
+    """Inline calls, propagate shardings (unless given), and size every chip.
+
+    `options` default to the module header's, as XLA's compile takes them.
+    """
+    inlined = inline_calls(module).module
+    if result is None:
+        result = propagate(inlined, options or PropagationOptions.from_module(module), inline=False)
+    partitions = module.attr("num_partitions")
+    if mesh is not None and partitions is not None and partitions != mesh.num_devices:
+        raise ValueError(f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has "
+                         f"num_partitions={partitions}")  # fmt: skip
+    estimate = estimate_memory(inlined, result, mesh)
+    return _report(inlined, estimate, mesh, capacity_bytes, top)
+
+
+def _report(
+    module: HloModule, estimate: MemoryEstimate, mesh: Mesh | None, capacity: int | None, top: int
+) -> MemoryReport:
+    trips = {loop.name: loop.trip_count for loop in while_loops(module)}
+
+    def stacked(b: Buffer) -> bool:
+        count = trips.get(b.loop) if b.loop else None
+        return count is not None and b.shape.rank >= 2 and b.shape.dims[0] == count
+
+    breakdown = {
+        "parameters": estimate.argument_bytes,
+        "outputs": estimate.output_bytes,
+        "loop-carried": sum(b.size_bytes for b in estimate.peak_buffers if b.category == "loop-carried"),
+        "loop-carried stacked [L, ...]": sum(
+            b.size_bytes for b in estimate.peak_buffers if b.category == "loop-carried" and stacked(b)
+        ),
+    }
+    breakdown["temporaries"] = estimate.temp_bytes - breakdown["loop-carried"]
+    lines = tuple(
+        BufferLine(
+            b.defined_by,
+            b.computation,
+            b.category,
+            b.shape.to_text(with_layout=False),
+            b.sharding.to_text() if b.sharding is not None else "{replicated}",
+            b.size_bytes,
+            stacked(b),
+        )
+        for b in estimate.peak_buffers[:top]
+    )
+    return MemoryReport(
+        num_devices=len(estimate.per_chip_bytes),
+        mesh=mesh.to_text() if mesh is not None else None,
+        argument_bytes=estimate.argument_bytes,
+        output_bytes=estimate.output_bytes,
+        temp_bytes=estimate.temp_bytes,
+        alias_bytes=estimate.alias_bytes,
+        total_bytes=estimate.total_bytes,
+        per_chip_bytes=estimate.per_chip_bytes,
+        capacity_bytes=capacity,
+        breakdown=breakdown,
+        top_buffers=lines,
+    )
+
+
+def render_memory(report: MemoryReport) -> str:
+    def mib(n: int) -> str:
+        return f"{n / 2**20:,.1f} MiB"
+
+    where = f" on mesh {report.mesh}" if report.mesh else ""
+    lines = [
+        f"HBM per chip ({report.num_devices} devices{where}), in XLA's terms (argument + output + temp - alias):",
+        f"  arguments    {mib(report.argument_bytes):>14}",
+        f"  outputs      {mib(report.output_bytes):>14}",
+        f"  temporaries  {mib(report.temp_bytes):>14}  (peak of buffers live at once)",
+        f"  total        {mib(report.total_bytes):>14}",
+    ]
+    if report.capacity_bytes is not None:
+        over = report.over_capacity()
+        verdict = f"OVER capacity on chips {over}" if over else f"headroom {mib(report.headroom_bytes or 0)}"
+        lines.append(f"  capacity     {mib(report.capacity_bytes):>14}  {verdict}")
+    distinct = sorted(set(report.per_chip_bytes.values()))
+    if len(distinct) > 1:
+        lines.append("  per chip: " + ", ".join(f"chip {d}: {mib(b)}" for d, b in report.per_chip_bytes.items()))
+    lines.append("  at the peak:")
+    for name, value in report.breakdown.items():
+        lines.append(f"    {name:<30} {mib(value):>14}")
+    lines.append("  largest buffers live at the peak:")
+    for b in report.top_buffers:
+        tag = " [stacked]" if b.stacked else ""
+        lines.append(f"    {mib(b.per_device_bytes):>12}  {b.instruction} {b.shape} {b.sharding} ({b.category}{tag})")
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""Mesh, chip presets, byte counts and per-chip accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import parse_hlo
+from planner.memory import chip, memory_report, parse_bytes
+from planner.mesh import Mesh
+
+
+def test_mesh_parse_and_errors() -> None:
+    mesh = Mesh.parse("fsdp=4,tp=2")
+    assert (mesh.shape, mesh.axis_names, mesh.device_ids) == ((4, 2), ("fsdp", "tp"), tuple(range(8)))
+    with pytest.raises(ValueError, match="expected name=size"):
+        Mesh.parse("fsdp:4")
+    with pytest.raises(ValueError, match=r"shape=\(4,\) does not match axis_names=\('a', 'b'\)"):
+        Mesh((4,), ("a", "b"))
+
+
+@pytest.mark.parametrize(
+    "text,value", [("32GiB", 32 * 2**30), ("80GB", 80 * 10**9), ("1024", 1024), ("1.5 MiB", 3 * 2**19)]
+)
+def test_parse_bytes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+def test_chip_presets() -> None:
+    assert chip("v6e").hbm_bytes == 32 * 2**30
+    assert chip("H100").hbm_bytes == 80 * 10**9
+    with pytest.raises(ValueError, match="unknown chip 'v9'"):
+        chip("v9")
+
+
+def test_maximal_sharding_lands_on_one_chip() -> None:
+    module = parse_hlo(
+        """HloModule m, num_partitions=4
+
+ENTRY e {
+  a = f32[1024] parameter(0), sharding={maximal device=2}
+  b = f32[1024] parameter(1), sharding={devices=[4]<=[4]}
+  ROOT t = (f32[1024], f32[1024]) tuple(a, b), sharding={{maximal device=2}, {devices=[4]<=[4]}}
+}
+"""
+    )
+    report = memory_report(module, Mesh.parse("x=4"))
+    per_chip = report.per_chip_bytes
+    # Chip 2 holds the whole of `a` (4 KiB) besides its quarter of `b`; the others only their quarter.
+    assert per_chip[2] - per_chip[0] == 4096 * 2  # parameter and output copies of `a`
+    assert per_chip[0] == per_chip[1] == per_chip[3]
+
+
+def test_mesh_must_fit_the_module() -> None:
+    module = parse_hlo("HloModule m, num_partitions=8\n\nENTRY e {\n  ROOT p = f32[8] parameter(0)\n}\n")
+    with pytest.raises(ValueError, match="mesh x=4 has 4 devices but the module has num_partitions=8"):
+        memory_report(module, Mesh.parse("x=4"))
