@@ -54,3 +54,21 @@ def test_mesh_must_fit_the_module() -> None:
     module = parse_hlo("HloModule m, num_partitions=8\n\nENTRY e {\n  ROOT p = f32[8] parameter(0)\n}\n")
     with pytest.raises(ValueError, match="mesh x=4 has 4 devices but the module has num_partitions=8"):
         memory_report(module, Mesh.parse("x=4"))
+
+
+def test_donated_parameters_are_not_counted_twice() -> None:
+    text = """HloModule m, num_partitions=2, input_output_alias={ {0}: (0, {}, may-alias) }
+
+ENTRY e {
+  w = f32[1024] parameter(0), sharding={devices=[2]<=[2]}
+  g = f32[1024] parameter(1), sharding={devices=[2]<=[2]}
+  n = f32[1024] subtract(w, g), sharding={devices=[2]<=[2]}
+  ROOT t = (f32[1024], f32[1024]) tuple(n, g), sharding={{devices=[2]<=[2]}, {devices=[2]<=[2]}}
+}
+"""
+    report = memory_report(parse_hlo(text))
+    # Each device: two 2 KiB parameters, two 2 KiB outputs (+16 B tuple table); output 0 reuses w.
+    assert report.argument_bytes == 4096
+    assert report.output_bytes == 4096 + 16
+    assert report.alias_bytes == 2048
+    assert report.total_bytes == report.argument_bytes + report.output_bytes + report.temp_bytes - 2048

@@ -10,6 +10,7 @@ loop and adds the peak of its body's own temporaries.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from planner.hlo.ir import Computation, HloModule, Instruction
@@ -349,7 +350,13 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
     # The root tuple's own table of pointers, one per element.
     output += 8 * len(_leaves(entry.root.shape)) if isinstance(entry.root.shape, TupleShape) else 0
     peak_buffers = sorted((b for b in temps if b.start <= peak_position <= b.end), key=lambda b: -b.size_bytes)
-    estimate = MemoryEstimate(argument, output, peak, 0, buffers, peak_position, peak_buffers)
+    # Donated parameters (input_output_alias) share their buffer with an output.
+    alias = sum(
+        per_device_bytes(leaf, s)
+        for k, (leaf, s) in enumerate(zip(_leaves(entry.root.shape), root_shardings))
+        if k in aliased_outputs(module)
+    )
+    estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers)
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
     outputs = [
         (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)
@@ -357,6 +364,18 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
     ]
     estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate
+
+
+_ALIAS_ENTRY = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)")
+
+
+def aliased_outputs(module: HloModule) -> set[int]:
+    """Output tuple indices that `input_output_alias={ {0}: (1, {}, may-alias) }` ties to a parameter."""
+    alias = module.attr("input_output_alias")
+    if alias is None:
+        return set()
+    text = getattr(alias, "text", str(alias))
+    return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
 
 
 def _local_peak(comp: Computation, buffers: list[Buffer]) -> int:
