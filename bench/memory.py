@@ -16,10 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from xla_reference import compile_spmd, memory_total  # noqa: E402
 
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
@@ -32,36 +33,6 @@ SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 
 def largest_corpus_file() -> Path:
     return max((SHARED / "corpus").glob("*/*.hlo"), key=lambda p: p.stat().st_size)
-
-
-def xla_stats(text: str, partitions: int = 8) -> tuple[int, float]:
-    import jax
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
-
-    jax.config.update("jax_use_shardy_partitioner", False)
-    start = time.perf_counter()
-    module = xla_client._xla.hlo_module_from_text(text)
-    mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
-    options = xla_client.CompileOptions()
-    options.num_replicas = 1
-    options.num_partitions = partitions
-    build = options.executable_build_options
-    build.num_partitions = partitions
-    build.use_spmd_partitioning = True
-    if hasattr(build, "use_shardy_partitioner"):
-        build.use_shardy_partitioner = False
-    build.allow_spmd_sharding_propagation_to_output = [True]
-    client = xla_bridge.get_backend()
-    devices = xla_client.DeviceList(tuple(jax.devices()[:partitions]))
-    compile_fn = client.compile_and_load if hasattr(client, "compile_and_load") else client.compile
-    executable = compile_fn(mlir, devices, options)
-    seconds = time.perf_counter() - start
-    stats = executable.get_compiled_memory_stats()
-    total = (
-        stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
-    )
-    return total, seconds
 
 
 def accuracy_table() -> None:
@@ -92,7 +63,8 @@ def main() -> int:
     # Both sides may shard the outputs, as torch_xla and JAX compile a step.
     report = memory_report(parse_hlo(text), options=PropagationOptions(allow_to_output=(True,)))
     ours_seconds = time.perf_counter() - start
-    xla_total, xla_seconds = xla_stats(text)
+    executable, xla_seconds = compile_spmd(text, allow_output=True)
+    xla_total = memory_total(executable)
     print(f"\nlargest file: {path.name} ({path.stat().st_size / 1e6:.1f} MB of text)")
     print(f"  ours: {ours_seconds:.3f} s (parse + propagate + memory), {report.total_bytes:,} bytes per device")
     print(f"  XLA:  {xla_seconds:.3f} s (jaxlib compile, StableHLO path), {xla_total:,} bytes per device")

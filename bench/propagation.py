@@ -18,10 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from xla_reference import compile_spmd  # noqa: E402
 
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
@@ -33,30 +34,6 @@ DEFAULT = [
     SHARED / "corpus" / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo",
     SHARED / "corpus" / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo",
 ]
-
-
-def xla_compile_seconds(text: str, partitions: int = 8) -> float:
-    import jax
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
-
-    jax.config.update("jax_use_shardy_partitioner", False)
-    start = time.perf_counter()
-    module = xla_client._xla.hlo_module_from_text(text)
-    mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
-    options = xla_client.CompileOptions()
-    options.num_replicas = 1
-    options.num_partitions = partitions
-    build = options.executable_build_options
-    build.num_partitions = partitions
-    build.use_spmd_partitioning = True
-    if hasattr(build, "use_shardy_partitioner"):
-        build.use_shardy_partitioner = False
-    client = xla_bridge.get_backend()
-    devices = xla_client.DeviceList(tuple(jax.devices()[:partitions]))
-    compile_fn = client.compile_and_load if hasattr(client, "compile_and_load") else client.compile
-    compile_fn(mlir, devices, options)
-    return time.perf_counter() - start
 
 
 def ours_seconds(text: str) -> float:
@@ -75,7 +52,7 @@ def main() -> int:
     for path in args.files:
         text = for_jaxlib_0_7(path.read_text())
         ours = statistics.median(ours_seconds(text) for _ in range(args.repeat))
-        xla = statistics.median(xla_compile_seconds(text) for _ in range(2))
+        xla = statistics.median(compile_spmd(text)[1] for _ in range(2))
         print(f"{path.name:<40} {ours:>8.3f} {xla:>14.3f} {ours / xla:>9.3f}")
     return 0
 

@@ -214,21 +214,16 @@ def index_from_output(spec: Spec, s: HloSharding) -> HloSharding:
     return _along(s, dims.output_dims, dims.indices_dims, spec.indices.rank)
 
 
-def operand_from_output(spec: Spec, s: HloSharding) -> HloSharding | None:
-    """GatherOperandShardingFromOutput / ScatterUpdate... : parallel and pass-through combined."""
-    parallel = None
-    if s.is_tiled:
-        par_dims = [d for d in (explicit_parallel(spec), implicit_parallel(spec)) if d is not None]
-        if par_dims:
-            operand_dims = tuple(d for p in par_dims for d in p.operand_dims)
-            output_dims = tuple(d for p in par_dims for d in p.output_dims)
-            parallel = _along(s, output_dims, operand_dims, spec.operand.rank)
-    if s.is_tile_maximal or s.is_manual:
-        passthrough: HloSharding | None = s
-    else:
-        dims = operand_passthrough(spec)
-        out = _along(s, dims.output_dims, dims.operand_dims, spec.operand.rank)
-        passthrough = None if out.is_tile_maximal else out
+def _parallel_dims(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(operand dims, output dims) of all parallel correspondences, or None."""
+    found = [d for d in (explicit_parallel(spec), implicit_parallel(spec)) if d is not None]
+    if not found:
+        return None
+    return tuple(d for p in found for d in p.operand_dims), tuple(d for p in found for d in p.output_dims)
+
+
+def _prefer_parallel(parallel: HloSharding | None, passthrough: HloSharding | None) -> HloSharding | None:
+    """Combine both views; when they conflict the parallel one wins, as the partitioner prefers it."""
     if passthrough is None:
         return parallel
     if parallel is None:
@@ -238,24 +233,24 @@ def operand_from_output(spec: Spec, s: HloSharding) -> HloSharding | None:
         return merged
     merged = merge_sharding(passthrough, parallel, True)
     return merged if merged is not None else parallel
+
+
+def operand_from_output(spec: Spec, s: HloSharding) -> HloSharding | None:
+    """GatherOperandShardingFromOutput: parallel and pass-through dims combined."""
+    dims = _parallel_dims(spec) if s.is_tiled else None
+    parallel = _along(s, dims[1], dims[0], spec.operand.rank) if dims is not None else None
+    if s.is_tile_maximal or s.is_manual:
+        passthrough: HloSharding | None = s
+    else:
+        through = operand_passthrough(spec)
+        out = _along(s, through.output_dims, through.operand_dims, spec.operand.rank)
+        passthrough = None if out.is_tile_maximal else out
+    return _prefer_parallel(parallel, passthrough)
 
 
 def operand_to_update(spec: Spec, s: HloSharding) -> HloSharding | None:
     """ScatterUpdateShardingFromOutput: the scatter output (operand-shaped) to its updates."""
-    parallel = None
-    if s.is_tiled:
-        par_dims = [d for d in (explicit_parallel(spec), implicit_parallel(spec)) if d is not None]
-        if par_dims:
-            operand_dims = tuple(d for p in par_dims for d in p.operand_dims)
-            output_dims = tuple(d for p in par_dims for d in p.output_dims)
-            parallel = _along(s, operand_dims, output_dims, spec.output_rank)
+    dims = _parallel_dims(spec) if s.is_tiled else None
+    parallel = _along(s, dims[0], dims[1], spec.output_rank) if dims is not None else None
     passthrough = output_from_operand_passthrough(spec, s) if s.is_tiled else None
-    if passthrough is None:
-        return parallel
-    if parallel is None:
-        return passthrough
-    merged = merge_sharding(parallel, passthrough, True)
-    if merged is not None:
-        return merged
-    merged = merge_sharding(passthrough, parallel, True)
-    return merged if merged is not None else parallel
+    return _prefer_parallel(parallel, passthrough)
