@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from planner.hlo.ir import Attribute, HloModule
 from planner.propagation.backward import infer_from_users
 from planner.propagation.context import Context
@@ -22,7 +24,6 @@ from planner.propagation.graph import Graph, Node, Provenance
 from planner.propagation.options import PropagationOptions
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding
-from planner.sharding.merge import improved_sharding, is_spatially_partitioned
 
 # A guard: XLA's fixed point always terminates; a bug here must not hang.
 _MAX_ITERATIONS = 10_000
@@ -178,6 +179,29 @@ class Propagator:
             for h in changed:
                 clear_cache(h)
 
+        def phase(
+            nodes: Iterable[Node],
+            done: set[int],
+            infer: Callable[[Context, Node], bool],
+            refine: Callable[[Node], bool],
+        ) -> bool:
+            """One forward or backward sweep; frozen nodes only refine unspecified dims."""
+            changed = False
+            for node in nodes:
+                if id(node) in done:
+                    continue
+                if ctx.is_provided(node):
+                    if self._refinable(node) and refine(node):
+                        after_change(node)
+                        done.add(id(node))
+                        changed = True
+                    continue
+                done.add(id(node))
+                if infer(ctx, node):
+                    after_change(node)
+                    changed = True
+            return changed
+
         changed_last = True
         while changed_last:
             ctx.iteration += 1
@@ -194,40 +218,8 @@ class Propagator:
                     if self.infer_from_group(node, gid):
                         after_change(node)
                         changed_last = True
-                for node in order:
-                    if id(node) in done_fwd:
-                        continue
-                    if ctx.is_provided(node):
-                        if (
-                            ctx.combine_partial
-                            and id(node) in ctx.unspecified_dims
-                            and self.unspecified_from_operand(node)
-                        ):
-                            after_change(node)
-                            done_fwd.add(id(node))
-                            changed_last = True
-                        continue
-                    done_fwd.add(id(node))
-                    if infer_from_operands(ctx, node):
-                        after_change(node)
-                        changed_last = True
-                for node in reversed(order):
-                    if id(node) in done_bwd:
-                        continue
-                    if ctx.is_provided(node):
-                        if (
-                            ctx.combine_partial
-                            and id(node) in ctx.unspecified_dims
-                            and self.unspecified_from_users(node)
-                        ):
-                            after_change(node)
-                            done_bwd.add(id(node))
-                            changed_last = True
-                        continue
-                    done_bwd.add(id(node))
-                    if infer_from_users(ctx, node):
-                        after_change(node)
-                        changed_last = True
+                changed_last |= phase(order, done_fwd, infer_from_operands, self.unspecified_from_operand)
+                changed_last |= phase(reversed(order), done_bwd, infer_from_users, self.unspecified_from_users)
 
     def _refinable(self, node: Node) -> bool:
         """A frozen partial annotation may still learn its unspecified dims."""
@@ -477,4 +469,3 @@ def _replicate_if_uneven(root: Node, flags: tuple[bool, ...]) -> None:
     root.sharding = HloSharding.tuple_of(tuple(leaves))
 
 
-__all__ = ["Propagator", "improved_sharding", "is_spatially_partitioned"]
