@@ -329,10 +329,15 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
             # Local to a While body: counted in that body's own peak.
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
+    # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
+    communication = _communication_buffers(module, result, model._walk_order())
+    for pos, size, label in communication.get(entry.name, []):
+        buffers.append(Buffer(len(buffers), size, label, entry.name, entry.instructions[pos].array_shape, None,
+                              "temporary", None, pos, pos))  # fmt: skip
     # Body-local temporaries: their peak adds at the While's position.
-    for comp_name in {b.computation for b in buffers if b.start < 0}:
-        body_peaks[comp_name] = _local_peak(module.computation(comp_name), [b for b in buffers if b.start < 0 and
-                                                                            b.computation == comp_name])  # fmt: skip
+    for comp_name in {b.computation for b in buffers if b.start < 0} | (set(communication) - {entry.name}):
+        local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
+        body_peaks[comp_name] = _local_peak(module.computation(comp_name), local, communication.get(comp_name, []))
     extra_at: dict[int, int] = {}
     for comp_name, body_peak in body_peaks.items():
         owner = model.body_of.get(comp_name)
@@ -378,15 +383,69 @@ def aliased_outputs(module: HloModule) -> set[int]:
     return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
 
 
-def _local_peak(comp: Computation, buffers: list[Buffer]) -> int:
+def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[int, int, str]] = ()) -> int:  # type: ignore[assignment]
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
-    spans = []
+    spans = [(pos, pos, size) for pos, size, _ in transient]
     for b in buffers:
         names = [v[1] for v in b.values if v[0] == comp.name]
         start = min(positions[n] for n in names)
         end = max([start] + [positions[u] for n in names for u in comp.users(n)])
         spans.append((start, end, b.size_bytes))
     return max((sum(s for a, e, s in spans if a <= p <= e) for p in range(len(comp.instructions))), default=0)
+
+
+def _communication_buffers(
+    module: HloModule, result: PropagationResult, computations: list[str]
+) -> dict[str, list[tuple[int, int, str]]]:
+    """(position, bytes, label) per computation for what partitioning a dot allocates.
+
+    An operand sharded on a dim the output does not split must be gathered
+    first (FSDP's weight all-gather); a result whose operands leave it less
+    split than its own sharding is computed whole, then reduced or sliced.
+    """
+    from planner.propagation.backward import operand_sharding_from_output
+    from planner.propagation.dot_dims import dot_dims
+
+    out: dict[str, list[tuple[int, int, str]]] = {}
+    for name in computations:
+        comp = module.computation(name)
+        for pos, inst in enumerate(comp.instructions):
+            if inst.opcode != "dot":
+                continue
+            output = sharding_of(result, inst.name)
+            if output is None or output.is_tuple:
+                continue
+            lhs, rhs = comp[inst.operands[0]], comp[inst.operands[1]]
+            if not isinstance(lhs.shape, ArrayShape) or not isinstance(rhs.shape, ArrayShape):
+                continue
+            dims = dot_dims(inst, lhs.shape.rank, rhs.shape.rank)
+            shape = inst.array_shape
+            for k, operand in enumerate((lhs, rhs)):
+                needed = operand_sharding_from_output(output, k, dims, shape.rank, operand.shape.rank)  # type: ignore[union-attr]
+                have = per_device_bytes(operand.array_shape, sharding_of(result, operand.name))
+                need = per_device_bytes(operand.array_shape, needed)
+                if need > have:
+                    out.setdefault(name, []).append((pos, need, f"{inst.name}: gathered {operand.name}"))
+            local = _local_result_bytes(shape, dims, sharding_of(result, lhs.name), sharding_of(result, rhs.name))
+            if local > per_device_bytes(shape, output):
+                out.setdefault(name, []).append((pos, local, f"{inst.name}: result before reduction"))
+    return out
+
+
+def _local_result_bytes(shape: ArrayShape, dims: object, lhs: HloSharding | None, rhs: HloSharding | None) -> int:
+    """Bytes of a dot's per-device result as its operands' free and batch splits leave it."""
+    tiles = [1] * shape.rank
+    for role_list, sharding, side in (
+        (dims.batch + dims.lhs_non_contracting, lhs, "lhs"),  # type: ignore[attr-defined]
+        (dims.rhs_non_contracting, rhs, "rhs"),  # type: ignore[attr-defined]
+    ):
+        if sharding is None or not sharding.is_tiled:
+            continue
+        for role in role_list:
+            index = getattr(role, side)
+            if index >= 0 and role.output >= 0:
+                tiles[role.output] = max(tiles[role.output], sharding.data_tile_dims[index])
+    return shape.bytes_for_dims(tuple(-(-d // t) for d, t in zip(shape.dims, tiles)))
 
 
 def _num_devices(result: PropagationResult) -> int:

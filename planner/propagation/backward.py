@@ -188,6 +188,29 @@ def _convolution(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSh
     return dot_operand_sharding(ctx, user, us, user.operand_index(node), dims)
 
 
+def operand_sharding_from_output(
+    output: HloSharding, k: int, dims: DotDims, output_rank: int, operand_rank: int
+) -> HloSharding:
+    """What operand k must look like for the dot to produce `output` without moving it.
+
+    The other side's free dims (and contracting dims) of the output become
+    replicas; batch and own free dims map back to operand k's dims.
+    """
+    side = "lhs" if k == 0 else "rhs"
+    other_nc = dims.rhs_non_contracting if k == 0 else dims.lhs_non_contracting
+    own_nc = dims.lhs_non_contracting if k == 0 else dims.rhs_non_contracting
+    out_rep = [d.output for d in other_nc] + [d.output for d in dims.contracting if d.output >= 0]
+    s = algebra.partially_replicate_on_dims(output, out_rep)
+    out_to_op = [-1] * output_rank
+    op_to_out = [-1] * operand_rank
+    for d in (*dims.batch, *own_nc):
+        if d.output >= 0 and getattr(d, side) >= 0:
+            out_to_op[d.output] = getattr(d, side)
+            op_to_out[getattr(d, side)] = d.output
+    mapped = algebra.transpose_with_collapsed_dims(s, out_to_op, op_to_out)
+    return mapped if mapped is not None else HloSharding.replicate()
+
+
 def dot_operand_sharding(ctx: Context, dot: Node, us: HloSharding | None, k: int, dims: DotDims) -> HloSharding:
     """InferDotOperandSharding: operand k's sharding from the output and the other operand."""
     side, other_side = ("lhs", "rhs") if k == 0 else ("rhs", "lhs")
@@ -196,18 +219,7 @@ def dot_operand_sharding(ctx: Context, dot: Node, us: HloSharding | None, k: int
     operand_rank = dot.operands[k].rank
     sharding = HloSharding.replicate()
     if us is not None:
-        out_rep = [d.output for d in other_nc] + [d.output for d in dims.contracting if d.output >= 0]
-        s = algebra.partially_replicate_on_dims(us, out_rep)
-        out_rank = dot.rank
-        out_to_op = [-1] * out_rank
-        op_to_out = [-1] * operand_rank
-        for d in (*dims.batch, *own_nc):
-            if d.output >= 0 and getattr(d, side) >= 0:
-                out_to_op[d.output] = getattr(d, side)
-                op_to_out[getattr(d, side)] = d.output
-        mapped = algebra.transpose_with_collapsed_dims(s, out_to_op, op_to_out)
-        if mapped is not None:
-            sharding = mapped
+        sharding = operand_sharding_from_output(us, k, dims, dot.rank, operand_rank)
     other = dot.operands[1 - k]
     if other.sharding is not None and is_spatially_partitioned(other.sharding):
         other_rep = [getattr(d, other_side) for d in other_nc]

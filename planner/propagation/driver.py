@@ -467,5 +467,3 @@ def _replicate_if_uneven(root: Node, flags: tuple[bool, ...]) -> None:
         if (len(flags) == 1 or flags[i]) and not _evenly(leaf_shape, leaf):
             leaves[i] = HloSharding.replicate()
     root.sharding = HloSharding.tuple_of(tuple(leaves))
-
-
