@@ -12,7 +12,7 @@ from planner import parse_hlo_file
 from planner.memory import memory_report
 
 # The prediction's total must stay within this of XLA's on every file.
-TOTAL_TOLERANCE = 0.15
+TOTAL_TOLERANCE = 0.10
 
 
 def xla_numbers(path: Path) -> dict[str, int]:
