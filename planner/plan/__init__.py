@@ -1,0 +1,1 @@
+"""The planner: findings, root causes, placements and their predicted gain."""

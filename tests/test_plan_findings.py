@@ -1,0 +1,109 @@
+"""Stacked-gradient findings against XLA's partitioned While shapes.
+
+The reference: every backward-loop gradient accumulator whose per-device
+shape in XLA's partitioned program is larger than its parameter's shard (the
+shard from the parameter's partition spec as the framework reports it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import CORPUS
+
+from planner import parse_hlo_file
+from planner.hlo.inline import inline_calls
+from planner.hlo.scanner import Cursor
+from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
+from planner.plan.findings import buffer_findings
+from planner.propagation import propagate
+
+
+def _param_shard_bytes(truth: dict) -> dict[tuple[int, ...], list[int]]:
+    """Stacked shape -> per-device bytes of each parameter of that shape (f32)."""
+    out: dict[tuple[int, ...], list[int]] = {}
+    if "analysis" in truth:  # JAX: stacked parameters
+        for name, shard in truth["analysis"]["param_shard_shapes"].items():
+            full = tuple(truth["params"][f"params['{name}']"]["shape"])
+            out.setdefault(full, []).append(4 * math.prod(shard))
+        return out
+    # torch_xla: per-layer Linear weights [out, in] of the Llama-like layer the step was built from.
+    config = truth["config"]
+    d, ff, layers = int(config["D"]), int(config["FF"]), int(config["L"])
+    shapes = {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "g": (ff, d), "u": (ff, d), "d": (d, ff)}
+    mesh = dict(zip(truth["mesh"]["axis_names"], truth["mesh"]["shape"]))
+    for name, spec in truth["param_partition_specs"].items():
+        layer, kind, _ = name.split(".")
+        if layer != "0" or kind not in shapes:
+            continue
+        shard = [-(-n // (mesh[a] if a else 1)) for n, a in zip(shapes[kind], spec)]
+        out.setdefault((layers, *shapes[kind]), []).append(4 * layers * math.prod(shard))
+    return out
+
+
+def _xla_whiles(truth: dict) -> list[TupleShape]:
+    key = (
+        "xla_post_partition_while_shapes"
+        if "xla_post_partition_while_shapes" in truth
+        else "post_partition_while_shapes"
+    )
+    return [parse_shape(Cursor(w["shape"]), {}) for w in truth[key]]  # type: ignore[misc]
+
+
+SCANS = sorted(CORPUS.glob("jax/*.xla.json")) + [
+    p for p in sorted(CORPUS.glob("torch_xla/*.truth.json")) if json.loads(p.read_text())["config"]["mode"] == "scan"
+]
+# Cases where every weight slice is pinned, or one mesh axis only: XLA keeps every gradient at its shard.
+CONTROLS = ("pinned", "fixed", "fsdp8")
+
+
+@pytest.mark.parametrize("truth_path", SCANS, ids=[p.name.split(".")[0] for p in SCANS])
+def test_every_oversized_stacked_gradient_is_reported(truth_path: Path) -> None:
+    truth = json.loads(truth_path.read_text())
+    module = inline_calls(parse_hlo_file(truth_path.with_name(truth_path.name.split(".")[0] + ".hlo"))).module
+    result = propagate(module, inline=False)
+    findings = {(f.loop, f.index): f for f in buffer_findings(module, result, 8) if f.kind == "stacked-gradient"}
+    shards = _param_shard_bytes(truth)
+    ours = [i for i in result.instructions if i.opcode == "while"]
+    shapes = {i.name: i.shape for c in module.computations for i in c}
+    expected = 0
+    for xla_tuple in _xla_whiles(truth):
+        loop = next(w for w in ours if len(shapes[w.name].leaves()) == len(xla_tuple.leaves()))
+        for index, (global_leaf, xla_leaf) in enumerate(zip(shapes[loop.name].leaves(), xla_tuple.leaves())):
+            assert isinstance(global_leaf, ArrayShape)
+            candidates = shards.get(global_leaf.dims)
+            if not candidates or xla_leaf.byte_size <= min(candidates):
+                continue
+            if not _is_gradient(module, loop.name, index):
+                continue
+            expected += 1
+            finding = findings.get((loop.name, index))
+            assert finding is not None, f"{loop.name}[{index}] {global_leaf.to_text(False)} not reported"
+            assert finding.per_device_bytes == xla_leaf.byte_size
+            assert finding.ideal_per_device_bytes == min(candidates)
+    if any(word in truth_path.name for word in CONTROLS):
+        assert expected == 0
+        assert findings == {}
+    else:
+        assert expected >= 1
+        assert len(findings) == expected  # and nothing XLA does not show as oversized
+
+
+def test_plain_loop_step_has_no_stacked_gradient_findings() -> None:
+    module = inline_calls(parse_hlo_file(CORPUS / "torch_xla" / "llama_loop_L4_fsdp4_tp2.hlo")).module
+    findings = buffer_findings(module, propagate(module, inline=False), 8)
+    assert [f for f in findings if f.kind == "stacked-gradient"] == []
+
+
+def _is_gradient(module, loop_name: str, index: int) -> bool:
+    from planner.plan.findings import _reaches_root
+
+    home = module.home_of(loop_name)
+    comp = module.computation(home)
+    from planner.memory.model import _invariant_elements
+
+    body = module.computation(comp[loop_name].attr("body").names[0])
+    return index not in _invariant_elements(body) and _reaches_root(module, comp, comp[loop_name], index)
