@@ -147,18 +147,18 @@ def buffer_findings(
             if current > ideal * threshold and waste >= min_bytes:
                 findings.append(
                     Finding(
-                        kind,
-                        loop.name,
-                        i,
-                        producer,
-                        leaf.to_text(with_layout=False),
-                        s.to_text() if s is not None else "{replicated}",
-                        ideal_sharding,
-                        current,
-                        ideal,
-                        waste,
-                        match,
-                    )  # fmt: skip
+                        kind=kind,
+                        loop=loop.name,
+                        index=i,
+                        instruction=producer,
+                        shape=leaf.to_text(with_layout=False),
+                        current_sharding=s.to_text() if s is not None else "{replicated}",
+                        ideal_sharding=ideal_sharding,
+                        per_device_bytes=current,
+                        ideal_per_device_bytes=ideal,
+                        waste_bytes=waste,
+                        matched_parameter=match,
+                    )
                 )
     findings.sort(key=lambda f: (f.kind != "stacked-gradient", -f.waste_bytes))
     return findings
