@@ -107,3 +107,20 @@ def _is_gradient(module, loop_name: str, index: int) -> bool:
 
     body = module.computation(comp[loop_name].attr("body").names[0])
     return index not in _invariant_elements(body) and _reaches_root(module, comp, comp[loop_name], index)
+
+
+def test_shard_group_conflict_in_llama_scan_is_reported_with_members() -> None:
+    from planner.plan.groups import shard_group_conflicts
+    from planner.propagation import PropagationOptions
+
+    raw = parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo")
+    module = inline_calls(raw).module
+    options = PropagationOptions.from_module(raw)
+    conflicts = shard_group_conflicts(module, propagate(module, options, inline=False), options)
+    assert [c.group for c in conflicts] == [1]
+    (conflict,) = conflicts
+    # q, k, v and o gradients with their weights: 8 members, two complete tilings that disagree.
+    assert len(conflict.members) == 8
+    assert {"{devices=[2,4]0,2,4,6,1,3,5,7}", "{devices=[4,2]0,1,2,3,4,5,6,7}"} <= set(conflict.distinct_wanted)
+    assert all(m.forced == "{devices=[2,4]0,2,4,6,1,3,5,7}" for m in conflict.members)
+    assert all(m.source is not None and "shard_alike" in m.source for m in conflict.members)

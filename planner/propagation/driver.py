@@ -68,6 +68,10 @@ class Propagator:
             operand.users = [u for u in operand.users if u is not node] + [node]
         if s.shard_group is not None and not replaced:
             # A group-only annotation moves its tag onto the operand and goes away.
+            if not self.ctx.options.shard_groups:
+                self.renamed[node.name] = operand.name
+                g.replace_uses(node, operand)
+                return
             base = operand.sharding or HloSharding.unknown()
             operand.sharding = base.with_shard_group(s.shard_group)
             operand.provenance = Provenance("shard group annotation", (node.name,))
@@ -87,10 +91,12 @@ class Propagator:
         if s is None or s.is_tuple or s.shard_group is None:
             return
         group = s.shard_group
+        node.sharding = s.with_shard_group(None)
+        if not self.ctx.options.shard_groups:
+            return
         self.groups.setdefault(group.id, []).append(node)
         self.group_kind[group.id] = group.shard_as
         self.group_of[id(node)] = group.id
-        node.sharding = s.with_shard_group(None)
 
     def tie_called_computations(self) -> None:
         g = self.graph

@@ -17,6 +17,9 @@ class PropagationOptions:
     is_spmd: bool = True
     allow_to_output: tuple[bool, ...] = (False,)
     allow_to_parameters: tuple[bool, ...] = (False,)
+    # False runs as if no shard_as/shard_like tags were written: what each member
+    # of a group would get on its own (used to spot conflicting groups).
+    shard_groups: bool = True
 
     @staticmethod
     def from_module(module: HloModule, is_spmd: bool = True) -> PropagationOptions:
