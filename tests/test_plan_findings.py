@@ -123,6 +123,36 @@ def test_shard_group_conflict_in_llama_scan_is_reported_with_members() -> None:
     assert len(conflict.members) == 8
     wanted = {parse_sharding(w) for w in conflict.distinct_wanted}
     assert {parse_sharding("{devices=[2,4]0,2,4,6,1,3,5,7}"), parse_sharding("{devices=[4,2]<=[8]}")} <= wanted
-    # XLA's choice, as recorded in the truth file: every member at the q/k/v weights' tiling.
+    # The simulated XLA choice (it reproduces the truth file exactly): every member at the q/k/v tiling.
     assert all(parse_sharding(m.forced) == parse_sharding("{devices=[2,4]0,2,4,6,1,3,5,7}") for m in conflict.members)
     assert all(m.source is not None and "shard_alike" in m.source for m in conflict.members)
+
+
+ROOT_CAUSE_CASES = [
+    "torch_xla/llama_scan_L8_fsdp4_tp2",
+    "torch_xla/llama_scan_L8_fsdp4_tp2_noshardas",
+    "jax/jax_llama_scan_L8_fsdp4_tp2",
+]
+
+
+@pytest.mark.parametrize("case", ROOT_CAUSE_CASES, ids=[c.split("/")[1] for c in ROOT_CAUSE_CASES])
+def test_root_cause_is_the_weight_gradient_dot_dropping_fsdp(case: str) -> None:
+    from planner.mesh import Mesh
+    from planner.plan.root_cause import root_cause
+
+    module = inline_calls(parse_hlo_file(CORPUS / f"{case}.hlo")).module
+    result = propagate(module, inline=False)
+    gradients = [f for f in buffer_findings(module, result, 8) if f.kind == "stacked-gradient"]
+    assert gradients
+    for finding in gradients:
+        cause = root_cause(module, result, finding.instruction, Mesh.parse("fsdp=4,tp=2"))
+        assert cause is not None
+        assert cause.opcode == "dot"
+        assert (cause.tiles_before, cause.tiles_after) == (8, 2)
+        assert cause.dropped_axes == ("fsdp",)
+        # Both operands carry fsdp on a dim the dot contracts; the result keeps only tp.
+        operands, result_label = cause.notation.split(" -> ")
+        assert all("{fsdp}" in side for side in operands.split(" . "))
+        assert "{fsdp}" not in result_label and "{tp}" in result_label
+        if case.startswith("jax"):
+            assert cause.source is not None and "gen_jax_corpus.py:" in cause.source

@@ -1,0 +1,127 @@
+"""Root cause: the op where a mesh axis disappears on the way to an under-sharded buffer.
+
+The provenance chain of the buffer leads back to the annotation its sharding
+came from. Walking it forward from that annotation, the first op whose result
+is split over fewer devices than the value it was derived from is where the
+axis was dropped; for the stacked-gradient blow-up it is the weight-gradient
+dot that contracts the dim the mesh axis was on. It is shown as
+
+    transpose.1659[1024{tp}, 4096{fsdp}] . multiply.1270[...] -> dot.1660[1024{tp}, 4096]   (fsdp dropped)
+
+where `{axis}` names the mesh axes a dim is split over.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.hlo.debug_info import source_location
+from planner.hlo.ir import HloModule
+from planner.hlo.shapes import ArrayShape
+from planner.mesh import Mesh
+from planner.propagation import PropagationResult
+from planner.sharding.hlo_sharding import HloSharding
+
+
+@dataclass(frozen=True)
+class RootCause:
+    instruction: str
+    opcode: str
+    source: str | None
+    notation: str
+    tiles_before: int
+    tiles_after: int
+    dropped_axes: tuple[str, ...]
+
+
+def dim_axes(sharding: HloSharding | None, rank: int, mesh: Mesh) -> list[tuple[str, ...]]:
+    """For each dim, the mesh axes it is split over (empty when not split or not expressible)."""
+    if sharding is None or not sharding.is_tiled or sharding.tile_assignment is None:
+        return [() for _ in range(rank)]
+    tiles = sharding.tile_assignment
+    array = tiles.array()
+    coords = np.array(np.unravel_index(np.arange(mesh.num_devices), mesh.shape)).T  # device order -> mesh coords
+    position = {device: i for i, device in enumerate(mesh.device_ids)}
+    out: list[tuple[str, ...]] = []
+    for d in range(min(rank, sharding.tiled_data_rank)):
+        count = tiles.dims[d]
+        if count == 1:
+            out.append(())
+            continue
+        found: tuple[str, ...] = ()
+        for size in range(1, len(mesh.shape) + 1):
+            for axes in itertools.combinations(range(len(mesh.shape)), size):
+                if int(np.prod([mesh.shape[a] for a in axes])) != count:
+                    continue
+                groups: dict[int, set[tuple[int, ...]]] = {}
+                for index, device in np.ndenumerate(array):
+                    key = tuple(int(coords[position[int(device)]][a]) for a in axes)
+                    groups.setdefault(int(index[d]), set()).add(key)
+                if len(groups) == count and all(len(v) == 1 for v in groups.values()):
+                    found = tuple(mesh.axis_names[a] for a in axes)
+                    break
+            if found:
+                break
+        out.append(found)
+    return out + [() for _ in range(rank - len(out))]
+
+
+def _label(name: str, shape: ArrayShape, sharding: HloSharding | None, mesh: Mesh) -> str:
+    axes = dim_axes(sharding, shape.rank, mesh)
+    dims = [f"{n}{{{','.join(a)}}}" if a else str(n) for n, a in zip(shape.dims, axes)]
+    return f"{name}[{', '.join(dims)}]"
+
+
+def _mesh_axes(sharding: HloSharding | None, rank: int, mesh: Mesh) -> set[str]:
+    return {a for axes in dim_axes(sharding, rank, mesh) for a in axes}
+
+
+def root_cause(module: HloModule, result: PropagationResult, name: str, mesh: Mesh) -> RootCause | None:
+    chain = result.explain(name)
+    for k in range(len(chain) - 1, 0, -1):
+        source, step = chain[k], chain[k - 1]
+        before, after = source.sharding, step.sharding
+        if before is None or after is None or before.is_tuple or after.is_tuple:
+            continue
+        if after.num_tiles >= before.num_tiles:
+            continue
+        inst = module.instruction(step.instruction.name) if _known(module, step.instruction.name) else None
+        if inst is None or not isinstance(inst.shape, ArrayShape):
+            continue
+        operands = [module.instruction(o) for o in inst.operands if _known(module, o)]
+        shown = [
+            _label(o.name, o.shape, result.sharding(o.name) if o.name in result else None, mesh)
+            for o in operands
+            if isinstance(o.shape, ArrayShape) and o.shape.rank > 0
+        ]
+        sep = " . " if inst.opcode in ("dot", "convolution") else ", "
+        notation = f"{sep.join(shown)} -> {_label(inst.name, inst.shape, after, mesh)}"
+        source_shape = _shape_of(module, source.instruction.name)
+        lost = (
+            _mesh_axes(before, source_shape.rank, mesh) - _mesh_axes(after, inst.shape.rank, mesh)
+            if source_shape
+            else set()
+        )
+        where = source_location(module, inst)
+        return RootCause(
+            inst.name, inst.opcode, where, notation, before.num_tiles, after.num_tiles, tuple(sorted(lost))
+        )
+    return None
+
+
+def _known(module: HloModule, name: str) -> bool:
+    try:
+        module.home_of(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _shape_of(module: HloModule, name: str) -> ArrayShape | None:
+    if not _known(module, name):
+        return None
+    shape = module.instruction(name).shape
+    return shape if isinstance(shape, ArrayShape) else None
