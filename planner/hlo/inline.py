@@ -5,11 +5,12 @@ instructions; XLA inlines them before its propagation pass, and that changes
 what propagation sees (a callee used at two call sites is cloned twice). This
 module does the same so propagation runs on the module XLA actually shards.
 
-Names of clones: a callee with one call site keeps its instruction names
-(unless a name is taken); a callee with several call sites gets
-`name@call_site`, nested inlining extends the path (`name@inner/outer`). The
+Names of clones: a callee with one call site keeps its instruction names; a
+callee with several call sites gets `name-in-call_site` (nested inlining
+extends it: `name-in-inner-in-outer`), which stays a valid HLO name. The
 returned aliases map the names that disappear (the call, the callee's
-parameters) to what replaced them.
+parameters) to what replaced them, and the path notation `name@call/outer`
+(how XLA's inlined clones are traced back to the dump) to the clone.
 """
 
 from __future__ import annotations
@@ -96,12 +97,14 @@ def _inline_into(
         local: dict[str, str] = {}
         for param in callee.parameters:
             local[param.name] = operands[param.parameter_number or 0]
-            aliases.setdefault(_clone_name(param.name, inst.name, shared), local[param.name])
+            aliases.setdefault(_path_name(param.name, inst.name, shared), local[param.name])
         for body_inst in callee:
             if body_inst.opcode == "parameter":
                 continue
             name = _clone_name(body_inst.name, inst.name, shared)
             local[body_inst.name] = name
+            if shared:
+                aliases[_path_name(_path_of(body_inst.name, aliases), inst.name, shared)] = name
             out.append(
                 dataclasses.replace(body_inst, name=name, operands=tuple(local.get(o, o) for o in body_inst.operands))
             )
@@ -115,7 +118,20 @@ def _inline_into(
 
 def _clone_name(name: str, call: str, shared: bool) -> str:
     """A single call site moves the callee's instructions under their own names."""
+    return f"{name}-in-{call}" if shared else name
+
+
+def _path_name(name: str, call: str, shared: bool) -> str:
+    """`name@call`, or `name@inner/outer` for a clone of a clone."""
     if not shared:
         return name
     base, _, path = name.partition("@")
     return f"{base}@{path}/{call}" if path else f"{name}@{call}"
+
+
+def _path_of(name: str, aliases: dict[str, str]) -> str:
+    """The path notation of an earlier clone's name, if it is one."""
+    for path, clone in aliases.items():
+        if clone == name and "@" in path:
+            return path
+    return name
