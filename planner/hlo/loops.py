@@ -151,3 +151,18 @@ def _single_call_site(module: HloModule, callee: str) -> tuple[Computation, Inst
         if inst.opcode == "call" and callee in inst.called_computations
     ]
     return sites[0] if len(sites) == 1 else None
+
+
+def invariant_elements(body: Computation) -> set[int]:
+    """Carried elements the body returns exactly as it received them."""
+    root = body.root
+    if root.opcode != "tuple" or not body.parameters:
+        return set()
+    param = body.parameters[0].name
+    return {
+        i
+        for i, operand in enumerate(root.operands)
+        if body[operand].opcode == "get-tuple-element"
+        and body[operand].operands[0] == param
+        and body[operand].attr("index") == i
+    }

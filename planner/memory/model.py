@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.loops import invariant_elements
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
 from planner.memory.buffers import Buffer, leaf_shardings, materialises, per_device_bytes, sharding_of
 from planner.mesh import Mesh
@@ -173,7 +174,7 @@ class _Model:
         cond = self.module.computation(inst.attr("condition").names[0])
         root = body.root
         dropped = _dead_pass_through(body, cond)
-        invariant = _invariant_elements(body)
+        invariant = invariant_elements(body)
         order = {x.name: k for k, x in enumerate(comp.instructions)}
         taken: set[Value] = set()  # an init buffer feeds at most one carried element; XLA copies the rest
         for i in range(len(_leaves(inst.shape))):
@@ -188,10 +189,7 @@ class _Model:
             self.loop_of[carried] = inst.name
             self.uf.union(carried, self.value(body.name, root.name, i))
             init_root = self.uf.find(init_value)
-            from_parameter = any(
-                v in self.allocating and v[0] == self.module.entry_name and self._is_parameter(v)
-                for v in self._members(init_root)
-            )
+            from_parameter = any(self.uf.find(v) == init_root for v in self._entry_parameter_values())
             read_later = False
             if init.opcode == "tuple" and i < len(init.operands):
                 source = init.operands[i]
@@ -213,8 +211,15 @@ class _Model:
     def _is_parameter(self, v: Value) -> bool:
         return self.module.computation(v[0])[v[1]].opcode == "parameter"
 
-    def _members(self, root: Value) -> list[Value]:
-        return [v for v in self.uf.parent if self.uf.find(v) == root]
+    def _entry_parameter_values(self) -> list[Value]:
+        """Entry parameter leaves that need memory: a few per module, so scanning them beats scanning a set."""
+        entry = self.module.entry
+        return [
+            v
+            for p in entry.parameters
+            for i in range(len(_leaves(p.shape)))
+            if (v := (entry.name, p.name, i)) in self.allocating
+        ]
 
 
 _PER_ITERATION = frozenset({"dynamic-slice", "dynamic-update-slice", "gather", "scatter"})
@@ -230,21 +235,6 @@ def _indexed_per_iteration(body: Computation, index: int) -> bool:
         for r in body.users(user)
     ]
     return any(r.opcode in _PER_ITERATION for r in readers)
-
-
-def _invariant_elements(body: Computation) -> set[int]:
-    """Carried elements the body returns exactly as it received them."""
-    root = body.root
-    if root.opcode != "tuple" or not body.parameters:
-        return set()
-    param = body.parameters[0].name
-    return {
-        i
-        for i, operand in enumerate(root.operands)
-        if body[operand].opcode == "get-tuple-element"
-        and body[operand].operands[0] == param
-        and body[operand].attr("index") == i
-    }
 
 
 def _dead_pass_through(body: Computation, cond: Computation) -> set[int]:
