@@ -100,3 +100,41 @@ def test_memory_rejects_bad_mesh_and_chip() -> None:
     assert wrong.returncode == 2 and "has 4 devices but the module has num_partitions=8" in wrong.stderr
     chip = run(sys.executable, "-m", "planner", "memory", "--chip", "v9")
     assert chip.returncode == 2 and "unknown chip 'v9'" in chip.stderr
+
+
+def test_plan_command_reports_and_writes_the_patched_module(tmp_path: Path) -> None:
+    out = tmp_path / "patched.hlo"
+    result = run(
+        str(BIN / "spmd-planner"), "plan", "--mesh", "fsdp=4,tp=2", "--chip", "v6e", "--write-patched", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "[stacked-gradient] while.2384[38] f32[8,1024,4096]: 64.0 MiB per chip, ideal 16.0 MiB (4.0x)" in text
+    assert (
+        "root cause: dot.1660 (dot) drops fsdp: transpose.1659[1024_tp, 256_fsdp] . multiply.1658[256_fsdp, 4096_tp]"
+        in text
+    )
+    assert "group 1: 8 members want 4 different shardings" in text
+    assert "[recommended] pin while.953[8] and its gradient" in text
+    # The patched module parses, and carries one Sharding per recommended annotation.
+    from planner import parse_hlo_file
+
+    patched = parse_hlo_file(out)
+    pinned = [i for c in patched.computations for i in c if i.name.endswith(".pinned")]
+    assert len(pinned) == 18  # 9 scanned parameters: one slice pin forward, one gradient pin backward
+
+
+def test_plan_command_json_and_manifest_errors(tmp_path: Path) -> None:
+    path = CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"
+    result = run(sys.executable, "-m", "planner", "plan", str(path), "--mesh", "fsdp=4,tp=2", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["hbm"]["total_after"] < plan["hbm"]["total_before"]
+    assert {f["kind"] for f in plan["findings"]} >= {"stacked-gradient"}
+    manifest = tmp_path / "m.json"
+    manifest.write_text('{"outputs": [null], "parameters": [{"name": "w", "shape": [2], "partition_spec": 3}]}')
+    bad = run(sys.executable, "-m", "planner", "plan", str(path), "--mesh", "fsdp=4,tp=2", "--manifest", str(manifest))
+    assert bad.returncode == 2
+    assert "manifest field parameters.0.partition_spec" in bad.stderr and "Traceback" not in bad.stderr
+    wrong_mesh = run(sys.executable, "-m", "planner", "plan", str(path), "--mesh", "fsdp=2,tp=2")
+    assert wrong_mesh.returncode == 2 and "has 4 devices but the module has num_partitions=8" in wrong_mesh.stderr

@@ -1,6 +1,7 @@
 """`spmd-planner`: one subcommand per job; each is a thin shell over `planner`.
 
-Exit codes: 0 success, 2 bad input (unreadable file, HLO that does not parse),
+Exit codes: 0 success, 2 bad input (unreadable file, HLO that does not parse, a
+mesh or manifest that does not fit the module) or a plan that cannot be made,
 with the located message on stderr.
 """
 
@@ -10,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from planner.cli import memory_command, parse_command, propagate_command
+from planner.cli import memory_command, parse_command, plan_command, propagate_command
 from planner.errors import PlannerError
 
-_COMMANDS = (parse_command, propagate_command, memory_command)
+_COMMANDS = (parse_command, propagate_command, memory_command, plan_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except PlannerError as e:
+    except (PlannerError, ValueError) as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -17,30 +17,30 @@ from planner.mesh import Mesh
 def register(sub: Any) -> None:
     p = sub.add_parser("memory", help="predict HBM per chip after sharding propagation")
     p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
-    p.add_argument("--mesh", type=_mesh, help="mesh axes major to minor, e.g. fsdp=4,tp=2")
+    p.add_argument("--mesh", type=mesh_arg, help="mesh axes major to minor, e.g. fsdp=4,tp=2")
     capacity = p.add_mutually_exclusive_group()
-    capacity.add_argument("--chip", type=_chip, help=f"chip preset: {', '.join(CHIPS)}")
-    capacity.add_argument("--hbm", type=_bytes, help="HBM per chip, e.g. 32GiB or 80GB")
+    capacity.add_argument("--chip", type=chip_arg, help=f"chip preset: {', '.join(CHIPS)}")
+    capacity.add_argument("--hbm", type=bytes_arg, help="HBM per chip, e.g. 32GiB or 80GB")
     p.add_argument("--top", type=int, default=10, help="how many of the largest live buffers to list")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
 
 
-def _mesh(text: str) -> Mesh:
+def mesh_arg(text: str) -> Mesh:
     try:
         return Mesh.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _chip(text: str) -> int:
+def chip_arg(text: str) -> int:
     try:
         return chip(text).hbm_bytes
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _bytes(text: str) -> int:
+def bytes_arg(text: str) -> int:
     try:
         return parse_bytes(text)
     except ValueError as e:

@@ -1,40 +1,24 @@
-"""Findings: buffers propagation leaves under-sharded, and conflicting shard groups.
+"""Findings: carried buffers propagation leaves under-sharded.
 
-A stacked gradient is a While-carried `[L, ...]` buffer that the loop updates
-every iteration (it is not read-only) and that reaches the step's outputs: the
-backward scan's accumulator. Its ideal is the sharding of the stacked
-parameter of the same shape: a read-only `[L, ...]` element of a scan (the
-forward `xs`), or the parameter spec a client manifest gives. Any other large
-carried buffer is measured against its bytes spread over every device.
+A stacked gradient (a backward loop's `[L, ...]` accumulator, see
+`scan_pairs`) is measured against its parameter's sharding: per layer, the
+gradient should be split exactly like the weight it updates. Any other large
+`[L, ...]` buffer a loop writes (saved activations, residuals) is measured
+against its bytes spread evenly over every device, the lower bound.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.loops import while_loops
-from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.hlo.ir import HloModule
+from planner.hlo.loops import invariant_elements
+from planner.hlo.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes
-from planner.memory.model import _invariant_elements
+from planner.mesh import Mesh
+from planner.plan.manifest import Manifest
+from planner.plan.scan_pairs import StackedGradient, carried_loops, is_stacked, stacked_gradients
 from planner.propagation import PropagationResult
-from planner.sharding.hlo_sharding import HloSharding
-
-# Ops through which a carried value still *is* the value returned at the root.
-_PASS_TO_OUTPUT = frozenset(
-    "get-tuple-element tuple slice reshape bitcast copy convert transpose dynamic-slice add subtract multiply".split()
-)
-
-
-@dataclass(frozen=True)
-class StackedParameter:
-    """A read-only `[L, ...]` loop element: how the scanned weights are laid out."""
-
-    loop: str
-    index: int
-    shape: ArrayShape
-    sharding: HloSharding
-    per_device_bytes: int
 
 
 @dataclass(frozen=True)
@@ -49,60 +33,15 @@ class Finding:
     per_device_bytes: int
     ideal_per_device_bytes: int
     waste_bytes: int
-    matched_parameter: str | None  # "loop[index]" of the stacked parameter, or a manifest name
+    matched_parameter: str | None  # the parameter's name (manifest) or its loop element, "while.1[3]"
+
+    @property
+    def key(self) -> str:
+        return f"{self.loop}[{self.index}]"
 
     @property
     def ratio(self) -> float:
         return self.per_device_bytes / max(self.ideal_per_device_bytes, 1)
-
-
-def _leaf_shardings(sharding: HloSharding | None, count: int) -> list[HloSharding | None]:
-    if sharding is None:
-        return [None] * count
-    return list(sharding.elements) if sharding.is_tuple else [sharding] * count
-
-
-def stacked_parameters(module: HloModule, result: PropagationResult) -> list[StackedParameter]:
-    found = []
-    for loop in while_loops(module):
-        if loop.trip_count is None or not isinstance(loop.instruction.shape, TupleShape):
-            continue
-        body = module.computation(loop.body)
-        invariant = _invariant_elements(body)
-        leaves = loop.instruction.shape.elements
-        shardings = _leaf_shardings(result.sharding(loop.name), len(leaves))
-        for i, (leaf, s) in enumerate(zip(leaves, shardings)):
-            if i in invariant and _is_stacked(leaf, loop.trip_count) and s is not None:
-                assert isinstance(leaf, ArrayShape)
-                found.append(StackedParameter(loop.name, i, leaf, s, per_device_bytes(leaf, s)))
-    return found
-
-
-def _is_stacked(shape: object, trip_count: int) -> bool:
-    return isinstance(shape, ArrayShape) and shape.rank >= 2 and shape.dims[0] == trip_count
-
-
-def _reaches_root(module: HloModule, comp: Computation, inst: Instruction, index: int) -> bool:
-    """Whether element `index` of a While's result flows to the computation's root."""
-    frontier = [(inst.name, index)]
-    seen: set[tuple[str, int]] = set()
-    while frontier:
-        name, element = frontier.pop()
-        if (name, element) in seen:
-            continue
-        seen.add((name, element))
-        if name == comp.root_name:
-            return True
-        for user_name in comp.users(name):
-            user = comp[user_name]
-            if user.opcode == "get-tuple-element":
-                if element < 0 or user.attr("index") == element:
-                    frontier.append((user_name, -1))
-            elif user.opcode == "tuple":
-                frontier.append((user_name, user.operands.index(name)))
-            elif user.opcode in _PASS_TO_OUTPUT and element < 0:
-                frontier.append((user_name, -1))
-    return False
 
 
 def buffer_findings(
@@ -111,38 +50,34 @@ def buffer_findings(
     num_devices: int,
     threshold: float = 1.5,
     min_bytes: int = 1 << 20,
+    manifest: Manifest | None = None,
+    mesh: Mesh | None = None,
+    gradients: list[StackedGradient] | None = None,
 ) -> list[Finding]:
     """Under-sharded carried buffers, stacked gradients first, largest waste first."""
-    params = stacked_parameters(module, result)
+    if threshold < 1:
+        raise ValueError(f"threshold={threshold} must be at least 1 (a multiple of the ideal)")
+    if gradients is None:
+        gradients = stacked_gradients(module, result, manifest, mesh)
+    by_key = {(g.loop, g.index): g for g in gradients}
     findings: list[Finding] = []
-    for loop in while_loops(module):
-        if loop.trip_count is None or not isinstance(loop.instruction.shape, TupleShape):
-            continue
-        comp = module.computation(loop.computation)
+    for loop, shardings in carried_loops(module, result):
         body = module.computation(loop.body)
-        invariant = _invariant_elements(body)
-        leaves = loop.instruction.shape.elements
-        shardings = _leaf_shardings(result.sharding(loop.name), len(leaves))
-        root = body.root
-        for i, (leaf, s) in enumerate(zip(leaves, shardings)):
-            if i in invariant or not _is_stacked(leaf, loop.trip_count):
+        invariant = invariant_elements(body)
+        for i, (leaf, s) in enumerate(zip(loop.instruction.shape.elements, shardings)):  # type: ignore[union-attr]
+            if i in invariant or not is_stacked(leaf, loop.trip_count):
                 continue
             assert isinstance(leaf, ArrayShape)
             current = per_device_bytes(leaf, s)
-            producer = root.operands[i] if root.opcode == "tuple" else root.name
-            same_shape = [p for p in params if p.shape.dims == leaf.dims]
-            gradient = bool(same_shape) and _reaches_root(module, comp, loop.instruction, i)
-            if gradient:
-                best = min(same_shape, key=lambda p: p.per_device_bytes)
-                ideal, ideal_sharding, match = (
-                    best.per_device_bytes,
-                    best.sharding.to_text(),
-                    f"{best.loop}[{best.index}]",
-                )
-                kind = "stacked-gradient"
+            gradient = by_key.get((loop.name, i))
+            producer = body.root.operands[i] if body.root.opcode == "tuple" else body.root_name
+            if gradient is not None and gradient.ideal is not None:
+                kind, ideal_sharding = "stacked-gradient", gradient.ideal.to_text()
+                ideal = per_device_bytes(leaf, gradient.ideal)
+                match = gradient.name or (gradient.parameter.key if gradient.parameter else None)
             else:
+                kind, ideal_sharding, match = "large-buffer", None, None
                 ideal = -(-leaf.byte_size // num_devices)
-                ideal_sharding, match, kind = None, None, "large-buffer"
             waste = current - ideal
             if current > ideal * threshold and waste >= min_bytes:
                 findings.append(

@@ -1,100 +1,200 @@
-"""Placements: sharding annotations that fix a finding, and applying them to the IR.
+"""Placements: the annotations that fix a finding, in HLO terms and in the framework's.
 
-For a stacked gradient the fix is to pin each iteration's gradient, the value
-the backward loop writes into its `[L, ...]` accumulator, to the sharding of
-the parameter it belongs to. That is what `mark_sharding_with_gradients` on
-the weight slice inside the scanned body does in torch_xla; in HLO it is a
-`Sharding` custom-call on the update of the accumulator's dynamic-update-slice.
+Two kinds:
+- pin a scanned parameter: its one-layer slice inside the forward body and
+  its one-layer gradient inside the backward body get a Sharding custom-call
+  with the parameter's sharding. In torch_xla that is
+  `mark_sharding_with_gradients(weight, mesh, spec)` on the weight inside the
+  scanned function; the gradient's pin is what keeps the weight-gradient dot
+  from leaving the accumulator split over fewer devices.
+- split a shard_as group: members that were tied only because they share a
+  group id (torch_xla 2.9's scan uses one id per shape) get one group per
+  (gradient, weight) pair, so each gradient follows its own weight.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
-from planner.plan.findings import Finding
+from planner.plan.manifest import AxisSpec
+from planner.plan.scan_pairs import StackedGradient, is_shard_group_only, layer_sharding
 from planner.sharding import algebra
-from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.hlo_sharding import HloSharding, ShardGroup
 from planner.sharding.text import parse_sharding
 
 
 @dataclass(frozen=True)
-class ShardingPlacement:
-    """Pin `instruction` (in `computation`) to `sharding` with a Sharding custom-call."""
+class Annotation:
+    """One HLO edit: a Sharding custom-call after `instruction`, or a new shard_as group on it."""
 
     computation: str
     instruction: str
-    sharding: str
-    reason: str
-    finding: str  # "loop[index]" of the finding it fixes
+    sharding: str | None = None
+    unspecified_dims: tuple[int, ...] = ()
+    shard_as: int | None = None
+
+    def describe(self) -> str:
+        if self.shard_as is not None:
+            return f"{self.instruction} ({self.computation}): shard_as group {self.shard_as}"
+        dims = f" unspecified_dims={list(self.unspecified_dims)}" if self.unspecified_dims else ""
+        return f"{self.instruction} ({self.computation}): Sharding {self.sharding}{dims}"
 
 
-def placements_for(module: HloModule, findings: list[Finding]) -> list[ShardingPlacement]:
-    placements = []
-    for finding in findings:
-        if finding.kind != "stacked-gradient" or finding.ideal_sharding is None:
-            continue
-        loop = module.instruction(finding.loop)
-        body = module.computation(loop.attr("body").names[0])
-        target, sharding = _update_of(body, finding.instruction, parse_sharding(finding.ideal_sharding))
-        placements.append(
-            ShardingPlacement(
-                computation=body.name,
-                instruction=target,
-                sharding=sharding.to_text(),
-                reason=f"pin the per-layer gradient written into {finding.loop}[{finding.index}] to its "
-                f"parameter's sharding ({finding.matched_parameter})",
-                finding=f"{finding.loop}[{finding.index}]",
-            )
-        )
-    return placements
+@dataclass(frozen=True)
+class TorchPin:
+    """The framework-level form of a pin: what to call inside the scanned layer."""
+
+    parameter: str
+    partition_spec: tuple[AxisSpec, ...]
+    call: str = "mark_sharding_with_gradients"
 
 
-def _update_of(body: Computation, producer: str, ideal: HloSharding) -> tuple[str, HloSharding]:
-    """The value to pin: the update of the accumulator's dynamic-update-slice, else the producer."""
-    inst = body[producer]
-    if inst.opcode == "dynamic-update-slice":
-        update = body[inst.operands[1]]
-        rank = ideal.tiled_data_rank if ideal.is_tiled else 0
-        if isinstance(update.shape, ArrayShape) and update.shape.rank == rank:
-            # The update covers one layer: the layer dim is not split.
-            return update.name, algebra.partially_replicate_on_dims(ideal, [0])
-    return producer, ideal
+@dataclass(frozen=True)
+class Placement:
+    id: str
+    kind: str  # "pin-parameter" | "split-shard-group"
+    summary: str
+    fixes: tuple[str, ...]  # finding keys ("while.1[38]") or "shard_as group N"
+    annotations: tuple[Annotation, ...]
+    torch_pin: TorchPin | None = None
+    torch_pairs: tuple[tuple[str, ...], ...] = field(default=())  # shard_as pairs after a split
 
 
-def apply_placements(module: HloModule, placements: list[ShardingPlacement]) -> HloModule:
-    """A new module with a Sharding custom-call after every pinned instruction."""
-    by_comp: dict[str, list[ShardingPlacement]] = {}
-    for p in placements:
-        by_comp.setdefault(p.computation, []).append(p)
-    comps = []
-    taken = {inst.name for comp in module.computations for inst in comp}
+def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | None:
+    """Pin the parameter of `gradient` (and so the gradient) to the parameter's sharding, per layer."""
+    if gradient.ideal is None:
+        return None
+    annotations = []
+    parameter = gradient.parameter
+    if parameter is not None and parameter.layer_slice is not None:
+        annotations.append(_pin(module, parameter.body, parameter.layer_slice, gradient.ideal))
+    if gradient.layer_gradient is not None:
+        annotations.append(_pin(module, gradient.body, gradient.layer_gradient, gradient.ideal))
+    else:
+        # No one-layer value to pin: pin the accumulator update itself.
+        annotations.append(Annotation(gradient.body, gradient.producer, gradient.ideal.to_text()))
+    who = gradient.name or (parameter.key if parameter is not None else gradient.key)
+    spec = tuple(gradient.partition_spec) if gradient.partition_spec is not None else None
+    return Placement(
+        id=f"pin:{gradient.key}",
+        kind="pin-parameter",
+        summary=f"pin {who} and its gradient to {gradient.ideal.to_text()} inside the scanned body",
+        fixes=(gradient.key,),
+        annotations=tuple(annotations),
+        torch_pin=TorchPin(gradient.name, spec) if gradient.name is not None and spec is not None else None,
+    )
+
+
+def _pin(module: HloModule, comp: str, name: str, stacked: HloSharding) -> Annotation:
+    """A pin for one layer's value: the layer dim dropped, or, where the value keeps it as a
+    size-1 dim, left unspecified so propagation decides it."""
+    shape = module.computation(comp)[name].shape
+    assert isinstance(shape, ArrayShape), f"{name} is not an array"
+    layer = layer_sharding(stacked, stacked.tiled_data_rank - 1) if stacked.is_tiled else stacked
+    if layer.is_tiled and shape.rank == layer.tiled_data_rank + 1:
+        return Annotation(comp, name, algebra.add_dims(layer, 0, 1).to_text(), unspecified_dims=(0,))
+    if layer.is_tiled and shape.rank != layer.tiled_data_rank:
+        raise ValueError(f"cannot pin {name} {shape.to_text(False)} in {comp} to {layer.to_text()}: ranks differ")
+    return Annotation(comp, name, layer.to_text())
+
+
+def split_group(module: HloModule, group: int, next_id: int) -> Placement | None:
+    """One shard_as group per (gradient, weight) pair: the members an inlined pairing call returns together."""
+    members = {
+        inst.name
+        for comp in module.computations
+        for inst in comp.instructions
+        if is_shard_group_only(inst.sharding) and inst.sharding.shard_group.id == group  # type: ignore[union-attr]
+    }
+    pairs: list[tuple[str, ...]] = []
+    home: dict[str, str] = {}
     for comp in module.computations:
-        pins = {p.instruction: p for p in by_comp.get(comp.name, [])}
-        if not pins:
-            comps.append(comp)
-            continue
-        renamed: dict[str, str] = {}
-        out: list[Instruction] = []
         for inst in comp.instructions:
-            operands = tuple(renamed.get(o, o) for o in inst.operands)
-            out.append(dataclasses.replace(inst, operands=operands) if operands != inst.operands else inst)
-            pin = pins.get(inst.name)
-            if pin is None:
-                continue
-            name = _fresh(f"{inst.name}.pinned", taken)
-            sharding = parse_sharding(pin.sharding)
-            attributes = (
-                Attribute("custom_call_target", "Sharding", '"Sharding"'),
-                Attribute("sharding", sharding, sharding.to_text()),
-            )
-            out.append(Instruction(name, "custom-call", inst.shape, (inst.name,), attributes))
-            renamed[inst.name] = name
-        root = renamed.get(comp.root_name, comp.root_name)
-        comps.append(dataclasses.replace(comp, instructions=tuple(out), root_name=root))
+            if inst.opcode == "tuple":
+                tied = tuple(o for o in inst.operands if o in members)
+                if len(tied) >= 2 and tied not in pairs:
+                    pairs.append(tied)
+                    home.update((name, comp.name) for name in tied)
+    if len(pairs) < 2:
+        return None
+    annotations = [Annotation(home[name], name, shard_as=next_id + k) for k, pair in enumerate(pairs) for name in pair]
+    return Placement(
+        id=f"split:group{group}",
+        kind="split-shard-group",
+        summary=f"split shard_as group {group} into {len(pairs)} groups, one per pair tied by one shard_as call",
+        fixes=(f"shard_as group {group}",),
+        annotations=tuple(annotations),
+        torch_pairs=tuple(pairs),
+    )
+
+
+def max_group_id(module: HloModule) -> int:
+    ids = [
+        inst.sharding.shard_group.id
+        for comp in module.computations
+        for inst in comp.instructions
+        if inst.sharding is not None and not inst.sharding.is_tuple and inst.sharding.shard_group is not None
+    ]
+    return max(ids, default=-1)
+
+
+def apply_placements(module: HloModule, placements: list[Placement]) -> HloModule:
+    """A new module with every annotation of `placements` applied."""
+    by_comp: dict[str, list[Annotation]] = {}
+    for p in placements:
+        for a in p.annotations:
+            by_comp.setdefault(a.computation, []).append(a)
+    taken = {inst.name for comp in module.computations for inst in comp}
+    comps = [
+        _annotate(comp, by_comp[comp.name], taken) if comp.name in by_comp else comp for comp in module.computations
+    ]
     return dataclasses.replace(module, computations=tuple(comps))
+
+
+def _annotate(comp: Computation, annotations: list[Annotation], taken: set[str]) -> Computation:
+    pins = {a.instruction: a for a in annotations if a.sharding is not None}
+    regroup = {a.instruction: a.shard_as for a in annotations if a.shard_as is not None}
+    missing = (set(pins) | set(regroup)) - {i.name for i in comp}
+    if missing:
+        raise ValueError(f"placement names {sorted(missing)}, not instructions of computation {comp.name}")
+    renamed: dict[str, str] = {}
+    out: list[Instruction] = []
+    for inst in comp.instructions:
+        operands = tuple(renamed.get(o, o) for o in inst.operands)
+        if operands != inst.operands:
+            inst = dataclasses.replace(inst, operands=operands)
+        if inst.name in regroup:
+            inst = _with_group(inst, regroup[inst.name])
+        out.append(inst)
+        pin = pins.get(inst.name)
+        if pin is None:
+            continue
+        name = _fresh(f"{inst.name}.pinned", taken)
+        sharding = parse_sharding(pin.sharding or "")
+        attributes = [
+            Attribute("custom_call_target", "Sharding", '"Sharding"'),
+            Attribute("sharding", sharding, sharding.to_text()),
+        ]
+        if pin.unspecified_dims:
+            config = f"unspecified_dims=[{','.join(map(str, pin.unspecified_dims))}]"
+            attributes.append(Attribute("backend_config", config, f'"{config}"'))
+        out.append(Instruction(name, "custom-call", inst.shape, (inst.name,), tuple(attributes)))
+        renamed[inst.name] = name
+    root = renamed.get(comp.root_name, comp.root_name)
+    return dataclasses.replace(comp, instructions=tuple(out), root_name=root)
+
+
+def _with_group(inst: Instruction, group: int) -> Instruction:
+    s = inst.sharding
+    assert s is not None and s.shard_group is not None, f"{inst.name} is not in a shard group"
+    regrouped = s.with_shard_group(ShardGroup(group, s.shard_group.shard_as))
+    attributes = tuple(
+        Attribute("sharding", regrouped, regrouped.to_text()) if a.key == "sharding" else a for a in inst.attributes
+    )
+    return dataclasses.replace(inst, attributes=attributes)
 
 
 def _fresh(base: str, taken: set[str]) -> str:

@@ -6,9 +6,10 @@ is split over fewer devices than the value it was derived from is where the
 axis was dropped; for the stacked-gradient blow-up it is the weight-gradient
 dot that contracts the dim the mesh axis was on. It is shown as
 
-    transpose.1659[1024{tp}, 4096{fsdp}] . multiply.1270[...] -> dot.1660[1024{tp}, 4096]   (fsdp dropped)
+    transpose.1659[1024_tp, 256_fsdp] . multiply.1658[256_fsdp, 4096_tp] -> dot.1660[1024_tp, 4096]
 
-where `{axis}` names the mesh axes a dim is split over.
+where `size_axis` names the mesh axes a dim is split over (`size_a*b` for
+several) and a bare size is not split: fsdp, on the contracted dim, is gone.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def dim_axes(sharding: HloSharding | None, rank: int, mesh: Mesh) -> list[tuple[
 
 def _label(name: str, shape: ArrayShape, sharding: HloSharding | None, mesh: Mesh) -> str:
     axes = dim_axes(sharding, shape.rank, mesh)
-    dims = [f"{n}{{{','.join(a)}}}" if a else str(n) for n, a in zip(shape.dims, axes)]
+    dims = [f"{n}_{'*'.join(a)}" if a else str(n) for n, a in zip(shape.dims, axes)]
     return f"{name}[{', '.join(dims)}]"
 
 

@@ -1,0 +1,308 @@
+"""Putting it together: findings, root causes, placements, and their re-simulated gain.
+
+Every candidate placement is re-simulated on its own (apply it to the IR,
+propagate again, size memory again). Candidates are then taken greedily,
+largest saving first, each kept only if the module with it and the ones kept
+before predicts less HBM per chip; the rest stay in the plan, not
+recommended, with the numbers saying why. Pinning every scanned parameter
+(what `mark_sharding_with_gradients` on every weight does) is re-simulated as
+an alternative and recommended only where it predicts less than doing
+nothing. The patched module carries the recommended placements only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.hlo.inline import inline_calls
+from planner.hlo.ir import HloModule
+from planner.hlo.loops import while_loops
+from planner.hlo.shapes import ArrayShape
+from planner.memory import MemoryReport, memory_report
+from planner.memory.buffers import leaf_shardings, per_device_bytes
+from planner.mesh import Mesh
+from planner.plan.findings import Finding, buffer_findings
+from planner.plan.groups import shard_group_conflicts
+from planner.plan.manifest import Manifest
+from planner.plan.model import (
+    AlternativeInfo,
+    AnnotationInfo,
+    ConflictInfo,
+    FindingInfo,
+    GroupMemberInfo,
+    HbmInfo,
+    LoopInfo,
+    PlacementInfo,
+    Plan,
+    RootCauseInfo,
+    TorchPinInfo,
+)
+from planner.plan.placements import Placement, apply_placements, max_group_id, pin_parameter, split_group
+from planner.plan.root_cause import root_cause
+from planner.plan.scan_pairs import stacked_gradients
+from planner.plan.verify import verify as verify_with_xla
+from planner.propagation import PropagationOptions, PropagationResult, propagate
+
+PIN_EVERY_PARAMETER = "pin every scanned parameter and its gradient"
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """A module with its propagated shardings and predicted memory."""
+
+    module: HloModule
+    result: PropagationResult
+    memory: MemoryReport
+
+    @property
+    def total(self) -> int:
+        return self.memory.total_bytes
+
+
+def simulate(
+    module: HloModule, options: PropagationOptions, mesh: Mesh | None, capacity_bytes: int | None
+) -> Simulation:
+    result = propagate(module, options, inline=False)
+    return Simulation(module, result, memory_report(module, mesh, capacity_bytes, result=result))
+
+
+def make_plan(
+    module: HloModule,
+    mesh: Mesh | None = None,
+    capacity_bytes: int | None = None,
+    options: PropagationOptions | None = None,
+    threshold: float = 1.5,
+    min_bytes: int = 1 << 20,
+    manifest: Manifest | None = None,
+    verify: bool = False,
+) -> tuple[Plan, HloModule]:
+    """The plan for `module`, and the module patched with its recommended placements.
+
+    With `verify`, real XLA compiles the original and the patched module (see `verify`).
+    """
+    options = options or PropagationOptions.from_module(module)
+    _check_mesh(module, mesh)
+    if manifest is not None:
+        _check_manifest(module, manifest)
+    inlined = inline_calls(module).module
+    before = simulate(inlined, options, mesh, capacity_bytes)
+    num_devices = before.memory.num_devices
+    axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
+    gradients = stacked_gradients(inlined, before.result, manifest, mesh)
+    findings = buffer_findings(inlined, before.result, num_devices, threshold, min_bytes, gradients=gradients)
+    conflicts = shard_group_conflicts(inlined, before.result, options)
+
+    pins = {g.key: p for g in gradients if (p := pin_parameter(inlined, g)) is not None}
+    # Candidates: gradients not already sharded like their parameter, and conflicting groups.
+    candidates = [pins[g.key] for g in gradients if g.key in pins and g.sharding != g.ideal]
+    next_id = max_group_id(inlined) + 1
+    for conflict in conflicts:
+        split = split_group(inlined, conflict.group, next_id)
+        if split is not None:
+            candidates.append(split)
+            next_id += len(split.annotations)
+
+    simulations: dict[frozenset[str], Simulation] = {frozenset(): before}
+
+    def with_placements(chosen: list[Placement]) -> Simulation:
+        key = frozenset(p.id for p in chosen)
+        if key not in simulations:
+            simulations[key] = simulate(apply_placements(inlined, chosen), options, mesh, capacity_bytes)
+        return simulations[key]
+
+    alone = {p.id: with_placements([p]).total for p in candidates}
+    chosen, after, verdicts = _greedy(candidates, alone, before, with_placements)
+
+    alternatives = []
+    every = list(pins.values())
+    if every and {p.id for p in every} != {p.id for p in chosen}:
+        everything = with_placements(every)
+        better = everything.total < min(before.total, after.total)
+        alternatives.append(
+            AlternativeInfo(
+                name=PIN_EVERY_PARAMETER,
+                placements=[p.id for p in every],
+                predicted_total=everything.total,
+                recommended=better,
+                why=_alternative_why(before.total, after.total, everything.total),
+            )
+        )
+        if better:
+            # Pins that do nothing alone can pay off together (saved activations follow
+            # the weights they meet): take the whole set instead of the greedy pick.
+            why = f"part of pinning every scanned parameter: together {_mb(before.total)} -> {_mb(everything.total)}"
+            for p in every:
+                verdicts[p.id] = (True, why + (f" (alone: {_mb(alone[p.id])})" if p.id in alone else ""))
+            for p in candidates:
+                if p not in every:
+                    verdicts[p.id] = (
+                        False,
+                        f"not needed once every scanned parameter is pinned (alone: "
+                        f"{_mb(before.total)} -> {_mb(alone[p.id])})",
+                    )
+            candidates = every + [p for p in candidates if p not in every]
+            chosen, after = every, everything
+
+    patched = apply_placements(inlined, chosen)
+    plan = Plan(
+        module=module.name,
+        num_partitions=module.attr("num_partitions"),
+        mesh=mesh.to_text() if mesh is not None else None,
+        loops=_loops(before, after),
+        hbm=HbmInfo(
+            capacity_bytes=capacity_bytes,
+            per_chip_before={str(k): v for k, v in before.memory.per_chip_bytes.items()},
+            per_chip_after={str(k): v for k, v in after.memory.per_chip_bytes.items()},
+            total_before=before.total,
+            total_after=after.total,
+            breakdown_before=before.memory.breakdown,
+            breakdown_after=after.memory.breakdown,
+        ),
+        findings=[_finding(before, after, f, axes) for f in findings],
+        conflicts=[
+            ConflictInfo(group=c.group, members=[GroupMemberInfo(**asdict(m)) for m in c.members]) for c in conflicts
+        ],
+        placements=[_placement(p, alone.get(p.id), *verdicts[p.id]) for p in candidates],
+        alternatives=alternatives,
+    )
+    if verify:
+        plan.verification = verify_with_xla(module, patched, plan, gradients, num_devices)
+    return plan, patched
+
+
+def _greedy(
+    candidates: list[Placement], alone: dict[str, int], before: Simulation, simulate_with: object
+) -> tuple[list[Placement], Simulation, dict[str, tuple[bool, str]]]:
+    """Largest saving first; each kept only if it lowers the prediction with the ones kept before."""
+    chosen: list[Placement] = []
+    after = before
+    verdicts: dict[str, tuple[bool, str]] = {}
+    for p in sorted(candidates, key=lambda p: alone[p.id]):
+        if alone[p.id] >= before.total:
+            verdicts[p.id] = (
+                False,
+                f"alone it does not lower predicted HBM per chip ({_mb(before.total)} -> {_mb(alone[p.id])})",
+            )
+            continue
+        trial: Simulation = simulate_with([*chosen, p])  # type: ignore[operator]
+        if trial.total < after.total:
+            chosen.append(p)
+            verdicts[p.id] = (
+                True,
+                f"predicted HBM per chip {_mb(after.total)} -> {_mb(trial.total)}"
+                f" (alone: {_mb(before.total)} -> {_mb(alone[p.id])})",
+            )
+            after = trial
+        else:
+            verdicts[p.id] = (
+                False,
+                f"alone it lowers HBM per chip to {_mb(alone[p.id])}, but with the "
+                f"placements above it does not ({_mb(after.total)} -> {_mb(trial.total)})",
+            )
+    return chosen, after, verdicts
+
+
+def _check_mesh(module: HloModule, mesh: Mesh | None) -> None:
+    partitions = module.attr("num_partitions")
+    if mesh is not None and partitions is not None and partitions != mesh.num_devices:
+        raise ValueError(
+            f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has num_partitions={partitions}"
+        )
+
+
+def _check_manifest(module: HloModule, manifest: Manifest) -> None:
+    root = module.entry.root
+    count = len(root.operands) if root.opcode == "tuple" else 1
+    if len(manifest.outputs) != count:
+        raise ValueError(f"the manifest names {len(manifest.outputs)} outputs but the module returns {count}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _alternative_why(before: int, greedy: int, everything: int) -> str:
+    if everything >= before:
+        return f"costs memory instead of saving it: {_mb(before)} -> {_mb(everything)} per chip"
+    if everything >= greedy:
+        return f"saves no more than the placements that pay off one by one: {_mb(everything)} vs {_mb(greedy)} per chip"
+    return (
+        f"saves more than the placements that pay off one by one ({_mb(everything)} vs {_mb(greedy)} "
+        f"per chip), so it is the recommendation"
+    )
+
+
+def _placement(p: Placement, alone: int | None, recommended: bool, why: str) -> PlacementInfo:
+    torch = None
+    if p.torch_pin is not None:
+        torch = TorchPinInfo(
+            parameter=p.torch_pin.parameter, partition_spec=list(p.torch_pin.partition_spec), call=p.torch_pin.call
+        )
+    return PlacementInfo(
+        id=p.id,
+        kind=p.kind,
+        summary=p.summary,
+        fixes=list(p.fixes),
+        annotations=[
+            AnnotationInfo(
+                computation=a.computation,
+                instruction=a.instruction,
+                sharding=a.sharding,
+                unspecified_dims=list(a.unspecified_dims),
+                shard_as=a.shard_as,
+            )
+            for a in p.annotations
+        ],
+        torch=torch,
+        shard_as_pairs=[list(pair) for pair in p.torch_pairs],
+        predicted_total_alone=alone,
+        recommended=recommended,
+        why=why,
+    )
+
+
+def _finding(before: Simulation, after: Simulation, finding: Finding, mesh: Mesh) -> FindingInfo:
+    cause = root_cause(before.module, before.result, finding.instruction, mesh)
+    info = FindingInfo(**asdict(finding))
+    loop = after.module.instruction(finding.loop)
+    leaf = loop.shape.leaves()[finding.index]
+    if isinstance(leaf, ArrayShape):
+        info.per_device_bytes_after = per_device_bytes(
+            leaf, leaf_shardings(loop.shape, after.result.sharding(finding.loop))[finding.index]
+        )
+    if cause is not None:
+        info.root_cause = RootCauseInfo(**{**asdict(cause), "dropped_axes": list(cause.dropped_axes)})
+    return info
+
+
+def per_device_while_shapes(sim: Simulation) -> dict[str, str]:
+    """Each While's carried tuple per device, printed like XLA's partitioned module."""
+    shapes = {}
+    for loop in while_loops(sim.module):
+        shardings = leaf_shardings(loop.instruction.shape, sim.result.sharding(loop.name))
+        parts = []
+        for leaf, s in zip(loop.instruction.shape.leaves(), shardings):
+            dims = s.shard_shape(leaf.dims) if s is not None and s.is_tiled else leaf.dims
+            parts.append(f"{leaf.element_type}[{','.join(map(str, dims))}]")
+        shapes[loop.name] = f"({', '.join(parts)})"
+    return shapes
+
+
+def _loops(before: Simulation, after: Simulation) -> list[LoopInfo]:
+    shapes_before, shapes_after = per_device_while_shapes(before), per_device_while_shapes(after)
+    loops = []
+    for loop in while_loops(before.module):
+        shardings = leaf_shardings(loop.instruction.shape, before.result.sharding(loop.name))
+        carried = sum(per_device_bytes(leaf, s) for leaf, s in zip(loop.instruction.shape.leaves(), shardings))
+        loops.append(
+            LoopInfo(
+                name=loop.name,
+                computation=loop.computation,
+                trip_count=loop.trip_count,
+                tuple_arity=loop.tuple_arity,
+                carried_bytes_per_device=carried,
+                per_device_shape=shapes_before[loop.name],
+                per_device_shape_after=shapes_after.get(loop.name, shapes_before[loop.name]),
+            )
+        )
+    return loops
