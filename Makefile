@@ -1,16 +1,20 @@
 # Two entry points, both self-contained on a fresh machine with python3:
 #   make run   installs the planner (light dependencies) and runs it on the bundled dump
-#   make test  installs everything the tests need (dev + the real XLA stack), lints, type-checks and runs them
+#   make test  installs everything the tests need (dev + the real XLA stack, Debian's chromium for the
+#              browser test), lints, type-checks and runs them
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint
+# apt-get needs root; elsewhere it goes through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test lint chromium
 
 run: $(VENV)/.installed-core
 	$(BIN)/spmd-planner parse
 
-test: lint
+test: lint chromium
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-full
@@ -29,3 +33,8 @@ $(VENV)/.installed-core: pyproject.toml $(VENV)/bin/python
 $(VENV)/.installed-full: pyproject.toml $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,xla]'
 	touch $@ $(VENV)/.installed-core
+
+# The dashboard's end-to-end test drives Debian's Chromium headless.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }

@@ -1,1 +1,5 @@
-"""The planner's HTTP service (POST /plan, stored plans, HBM dashboard)."""
+"""The planner's HTTP service: POST /plan, stored plans, and the HBM dashboard."""
+
+from api.main import create_app
+
+__all__ = ["create_app"]

@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from planner.cli import memory_command, parse_command, plan_command, propagate_command
+from planner.cli import memory_command, parse_command, plan_command, propagate_command, serve_command
 from planner.errors import PlannerError
 
-_COMMANDS = (parse_command, propagate_command, memory_command, plan_command)
+_COMMANDS = (parse_command, propagate_command, memory_command, plan_command, serve_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

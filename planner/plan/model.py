@@ -99,14 +99,26 @@ class AlternativeInfo(BaseModel):
     why: str
 
 
+class BufferInfo(BaseModel):
+    instruction: str
+    computation: str
+    category: str
+    shape: str
+    sharding: str
+    per_device_bytes: int
+    stacked: bool = Field(description="an [L, ...] buffer carried by a loop of L trips")
+
+
 class HbmInfo(BaseModel):
     capacity_bytes: int | None
     per_chip_before: dict[str, int]
     per_chip_after: dict[str, int]
     total_before: int
     total_after: int
-    breakdown_before: dict[str, int]
+    breakdown_before: dict[str, int] = Field(description="bytes live at the peak, by what holds them")
     breakdown_after: dict[str, int]
+    top_buffers_before: list[BufferInfo] = Field(default_factory=list, description="largest buffers live at the peak")
+    top_buffers_after: list[BufferInfo] = Field(default_factory=list)
 
     @property
     def saved_bytes(self) -> int:

@@ -27,6 +27,7 @@ from planner.plan.manifest import Manifest
 from planner.plan.model import (
     AlternativeInfo,
     AnnotationInfo,
+    BufferInfo,
     ConflictInfo,
     FindingInfo,
     GroupMemberInfo,
@@ -157,6 +158,8 @@ def make_plan(
             total_after=after.total,
             breakdown_before=before.memory.breakdown,
             breakdown_after=after.memory.breakdown,
+            top_buffers_before=[BufferInfo(**asdict(b)) for b in before.memory.top_buffers],
+            top_buffers_after=[BufferInfo(**asdict(b)) for b in after.memory.top_buffers],
         ),
         findings=[_finding(before, after, f, axes) for f in findings],
         conflicts=[

@@ -1,0 +1,59 @@
+"""The application: `create_app()` wires settings, the plan store, the workers and the routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from api.limits import BodySizeLimit
+from api.models import PlanRequest
+from api.routes import dashboard, health, plans
+from api.settings import Settings, get_settings
+from api.store import PlanStore
+from api.worker import JobFailed, PlanWorkers
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    app = FastAPI(
+        title="SPMD sharding planner",
+        version="0.1.0",
+        description="Predicts which buffers XLA's GSPMD propagation leaves under-sharded, how much HBM each chip "
+        "needs, and which sharding annotations fix it.",
+    )
+    app.state.settings = settings
+    app.state.store = PlanStore(settings.db_path)
+    app.state.workers = PlanWorkers(settings.max_workers, settings.time_limit_seconds)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+
+    @app.exception_handler(JobFailed)
+    async def job_failed(request: Request, e: JobFailed) -> JSONResponse:
+        return JSONResponse({"detail": e.message, "line": e.line, "column": e.column}, status_code=e.status)
+
+    app.include_router(health.router)
+    app.include_router(plans.router)
+    app.include_router(dashboard.router)
+    app.openapi = lambda: _openapi_with(app, PlanRequest)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi_with(app: FastAPI, *models: type[BaseModel]) -> dict[str, Any]:
+    """The generated schema plus models that routes read by hand (POST /plan takes JSON or a form)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(generated.pop("$defs", {}))
+            components[model.__name__] = generated
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,120 @@
+"""Request and response models of the service (the plan itself is `planner.plan.model.Plan`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.memory import chip
+from planner.mesh import Mesh
+from planner.plan.manifest import Manifest
+from planner.plan.model import Plan
+
+_EXAMPLE_HLO = (
+    "HloModule m, num_partitions=8\n\nENTRY e {\n  p = f32[8,1024]{1,0} parameter(0), "
+    "sharding={devices=[4,2]<=[8]}\n  ROOT n = f32[8,1024]{1,0} negate(p)\n}\n"
+)
+
+
+class MeshSpec(BaseModel):
+    shape: list[int] = Field(examples=[[4, 2]])
+    axis_names: list[str] = Field(examples=[["fsdp", "tp"]])
+    device_ids: list[int] | None = Field(default=None, description="row-major device ids; default 0..N-1")
+
+    def to_mesh(self) -> Mesh:
+        return Mesh(tuple(self.shape), tuple(self.axis_names), tuple(self.device_ids or ()))
+
+    @model_validator(mode="after")
+    def _valid(self) -> MeshSpec:
+        self.to_mesh()  # raises with both offending values
+        return self
+
+
+class PlanOptions(BaseModel):
+    threshold: float = Field(default=1.5, ge=1, description="report buffers above this multiple of their ideal")
+    min_bytes: int = Field(default=1 << 20, ge=0, description="and wasting at least this many bytes per chip")
+    verify: bool = Field(default=False, description="compile original and patched module with real XLA (slow)")
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "hlo": _EXAMPLE_HLO, "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "chip": "v6e",
+    }]})  # fmt: skip
+
+    hlo: str = Field(description="HLO text of one training step, as XLA or torch_xla dumps it")
+    mesh: MeshSpec | None = None
+    chip: str | None = Field(default=None, description="chip preset (v4, v5e, v5p, v6e, h100, h200)")
+    hbm_bytes: int | None = Field(default=None, ge=1, description="HBM per chip, instead of a preset")
+    manifest: Manifest | None = None
+    options: PlanOptions = Field(default_factory=PlanOptions)
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> PlanRequest:
+        if self.chip is not None and self.hbm_bytes is not None:
+            raise ValueError("give chip or hbm_bytes, not both")
+        if self.chip is not None:
+            chip(self.chip)  # an unknown preset is refused here, with the known ones
+        return self
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return chip(self.chip).hbm_bytes if self.chip is not None else self.hbm_bytes
+
+    def content_hash(self) -> str:
+        """The stored plan's id: same HLO and same settings, same plan."""
+        settings = self.model_dump(exclude={"hlo"}, mode="json")
+        settings["capacity_bytes"] = self.capacity_bytes
+        digest = hashlib.sha256(self.hlo.encode())
+        digest.update(json.dumps(settings, sort_keys=True).encode())
+        return digest.hexdigest()[:32]
+
+    def job(self) -> dict:
+        mesh = self.mesh.to_mesh() if self.mesh is not None else None
+        return {
+            "hlo": self.hlo,
+            "mesh": None if mesh is None else {"shape": mesh.shape, "axis_names": mesh.axis_names,
+                                               "device_ids": mesh.device_ids},
+            "capacity_bytes": self.capacity_bytes,
+            "manifest": self.manifest.model_dump(mode="json") if self.manifest is not None else None,
+            "threshold": self.options.threshold,
+            "min_bytes": self.options.min_bytes,
+            "verify": self.options.verify,
+        }  # fmt: skip
+
+
+class PlanRecord(BaseModel):
+    id: str = Field(description="content hash of the request; GET /plans/{id} returns it again")
+    created_at: float = Field(description="Unix time the plan was computed")
+    cached: bool = Field(description="true when this request found a stored plan")
+    plan: Plan
+
+
+class PlanSummary(BaseModel):
+    id: str
+    created_at: float
+    module: str
+    mesh: str | None
+    capacity_bytes: int | None
+    total_before: int = Field(description="predicted HBM per chip before the plan, bytes")
+    total_after: int
+    num_findings: int
+
+
+class PlanPage(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    items: list[PlanSummary]
+
+
+class ErrorDetail(BaseModel):
+    detail: str
+    line: int | None = Field(default=None, description="for HLO that does not parse: the line")
+    column: int | None = None
+
+
+class Health(BaseModel):
+    status: str = "ok"
+    stored_plans: int

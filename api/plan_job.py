@@ -1,0 +1,49 @@
+"""One plan, in a child process: a job as JSON on stdin, the plan (or the error) as JSON on stdout.
+
+Bad input is an answer, not a crash: parse errors come back with their line
+and column and status 422. Only a real crash leaves a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from planner.errors import HloParseError, PlannerError
+from planner.hlo.parser import parse_hlo
+from planner.hlo.printer import print_module
+from planner.mesh import Mesh
+from planner.plan.manifest import Manifest
+from planner.plan.planner import make_plan
+
+
+def plan_job(job: dict[str, Any]) -> dict[str, Any]:
+    try:
+        module = parse_hlo(job["hlo"], source="request")
+        mesh = Mesh(**{k: tuple(v) for k, v in job["mesh"].items()}) if job.get("mesh") else None
+        manifest = Manifest.model_validate(job["manifest"]) if job.get("manifest") else None
+        plan, patched = make_plan(
+            module,
+            mesh,
+            job.get("capacity_bytes"),
+            threshold=job["threshold"],
+            min_bytes=job["min_bytes"],
+            manifest=manifest,
+            verify=job["verify"],
+        )
+    except HloParseError as e:
+        return {"status": 422, "message": str(e), "line": e.line, "column": e.column}
+    except (PlannerError, ValueError) as e:
+        return {"status": 422, "message": str(e)}
+    return {"plan_json": plan.model_dump_json(), "patched": print_module(patched)}
+
+
+def main() -> int:
+    job = json.load(sys.stdin)
+    json.dump(plan_job(job), sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

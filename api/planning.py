@@ -1,0 +1,56 @@
+"""From a request to a stored plan: the stored one when the same request came before."""
+
+from __future__ import annotations
+
+import zlib
+
+from api.models import PlanRecord, PlanRequest
+from api.store import PlanStore, StoredPlan
+from api.worker import JobFailed, PlanWorkers
+from planner.plan.model import Plan
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def hlo_from_upload(data: bytes, limit: int) -> str:
+    """Uploaded HLO, plain or gzip, as text; at most `limit` bytes once decompressed."""
+    if data[:2] == _GZIP_MAGIC:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            data = inflater.decompress(data, limit + 1)
+        except zlib.error as e:
+            raise JobFailed(422, f"the uploaded file looks gzip-compressed but does not decompress: {e}") from None
+        if len(data) > limit or inflater.unconsumed_tail:
+            raise JobFailed(413, f"the HLO text is larger than {limit:,} bytes once decompressed")
+    elif len(data) > limit:
+        raise JobFailed(413, f"the HLO text is larger than {limit:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise JobFailed(422, f"the HLO file is not UTF-8 text (byte {e.start} is 0x{data[e.start]:02x})") from None
+
+
+def record(stored: StoredPlan, cached: bool) -> PlanRecord:
+    return PlanRecord(
+        id=stored.id, created_at=stored.created_at, cached=cached, plan=Plan.model_validate_json(stored.plan_json)
+    )
+
+
+async def plan_or_cached(request: PlanRequest, store: PlanStore, workers: PlanWorkers, limit: int) -> PlanRecord:
+    if len(request.hlo.encode()) > limit:
+        raise JobFailed(413, f"the HLO text is larger than {limit:,} bytes")
+    plan_id = request.content_hash()
+    stored = store.get(plan_id)
+    if stored is not None:
+        return record(stored, cached=True)
+    result = await workers.run(request.job())
+    plan = Plan.model_validate_json(result["plan_json"])
+    summary = {
+        "module": plan.module,
+        "mesh": plan.mesh,
+        "capacity_bytes": plan.hbm.capacity_bytes,
+        "total_before": plan.hbm.total_before,
+        "total_after": plan.hbm.total_after,
+        "num_findings": len(plan.findings),
+    }
+    return record(store.put(plan_id, result["plan_json"], result["patched"], summary), cached=False)

@@ -1,0 +1,82 @@
+"""The dashboard: recent plans with a form (`/`), and one plan drawn (`/plans/{id}/view`).
+
+Server-rendered HTML with inline SVG and no external resources, so it works
+offline. Templates autoescape: names and metadata from user HLO are text,
+never markup.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+
+from api.deps import SettingsDep, StoreDep, WorkersDep, token_ok
+from api.planning import plan_or_cached
+from api.routes.plans import _validation_message, read_plan_request
+from api.views import breakdown_rows, hbm_chart, human_bytes, mesh_grids, placement_text
+from api.worker import JobFailed
+from planner.plan.model import Plan
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "templates")
+templates.env.autoescape = True
+templates.env.globals.update(
+    human=human_bytes, when=lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+)
+
+
+def _index(request: Request, store: Any, settings: Any, offset: int, error: str | None = None,
+           form: dict[str, str] | None = None, status: int = 200) -> HTMLResponse:  # fmt: skip
+    total, plans = store.recent(settings.page_size, offset)
+    context = {"plans": plans, "total": total, "offset": offset, "limit": settings.page_size, "error": error,
+               "form": form or {}, "token_required": settings.token is not None}  # fmt: skip
+    return templates.TemplateResponse(request, "index.html", context, status_code=status)
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(request: Request, store: StoreDep, settings: SettingsDep, offset: int = 0) -> HTMLResponse:
+    return _index(request, store, settings, max(offset, 0))
+
+
+@router.post("/", response_model=None)
+async def submit(
+    request: Request, store: StoreDep, settings: SettingsDep, workers: WorkersDep
+) -> HTMLResponse | RedirectResponse:
+    """The form: plan, then show the plan; on bad input, the form again with the message."""
+    form = await request.form(max_part_size=settings.max_body_bytes)
+    echo = {k: str(form.get(k) or "") for k in ("mesh", "chip")}
+    if not token_ok(settings, str(form.get("token") or "") or None):
+        return _index(request, store, settings, 0, "a valid token is required to plan", echo, 401)
+    try:
+        plan_request = await read_plan_request(request, settings.max_body_bytes)
+        record = await plan_or_cached(plan_request, store, workers, settings.max_body_bytes)
+    except HTTPException as e:
+        return _index(request, store, settings, 0, str(e.detail), echo, e.status_code)
+    except JobFailed as e:
+        return _index(request, store, settings, 0, e.message, echo, e.status)
+    except ValidationError as e:
+        return _index(request, store, settings, 0, _validation_message(e), echo, 422)
+    return RedirectResponse(f"/plans/{record.id}/view", status_code=303)
+
+
+@router.get("/plans/{plan_id}/view", response_class=HTMLResponse)
+def view(request: Request, plan_id: str, store: StoreDep) -> HTMLResponse:
+    stored = store.get(plan_id)
+    if stored is None:
+        raise HTTPException(404, f"no plan {plan_id!r}")
+    plan = Plan.model_validate_json(stored.plan_json)
+    context = {
+        "plan": plan,
+        "plan_id": plan_id,
+        "chart": hbm_chart(plan),
+        "grids": mesh_grids(plan),
+        "breakdown": breakdown_rows(plan),
+        "placement_text": lambda i: placement_text(plan, i),
+    }
+    return templates.TemplateResponse(request, "plan.html", context)

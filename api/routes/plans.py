@@ -1,0 +1,157 @@
+"""`/plan` and `/plans`: make a plan, read stored ones."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from api.deps import AuthDep, SettingsDep, StoreDep, WorkersDep
+from api.models import ErrorDetail, MeshSpec, PlanPage, PlanRecord, PlanRequest, PlanSummary
+from api.planning import hlo_from_upload, plan_or_cached, record
+from api.worker import JobFailed
+from planner.memory import parse_bytes
+from planner.mesh import Mesh
+
+router = APIRouter()
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorDetail, "description": "a bearer token is configured and was not given"},
+    413: {"model": ErrorDetail, "description": "body or HLO text over the size limit"},
+    422: {"model": ErrorDetail, "description": "HLO that does not parse (with line and column), or settings "
+                                               "that do not fit the module"},
+    500: {"model": ErrorDetail, "description": "the planner process died (the server keeps serving)"},
+    504: {"model": ErrorDetail, "description": "planning took longer than the time limit"},
+}  # fmt: skip
+
+_UPLOAD_SCHEMA = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["hlo_file"],
+            "properties": {
+                "hlo_file": {"type": "string", "format": "binary", "description": "HLO text, plain or gzip"},
+                "mesh": {"type": "string", "example": "fsdp=4,tp=2"},
+                "chip": {"type": "string", "example": "v6e"},
+                "hbm_bytes": {"type": "string", "example": "32GiB"},
+                "manifest": {"type": "string", "description": "the manifest as JSON text"},
+                "threshold": {"type": "number"},
+                "min_bytes": {"type": "string"},
+                "verify": {"type": "boolean"},
+            },
+        }
+    },
+    "application/json": {"schema": {"$ref": "#/components/schemas/PlanRequest"}},
+}
+
+
+@router.post(
+    "/plan",
+    response_model=PlanRecord,
+    responses=_ERRORS,
+    summary="Plan a training step",
+    description="HLO text in JSON (`PlanRequest`), or an uploaded HLO file (plain or gzip) with the other fields "
+    "as form values. The same request returns the stored plan without recomputing it (`cached: true`).",
+    openapi_extra={"requestBody": {"required": True, "content": _UPLOAD_SCHEMA}},
+)
+async def post_plan(
+    request: Request, _: AuthDep, settings: SettingsDep, store: StoreDep, workers: WorkersDep
+) -> PlanRecord:
+    plan_request = await read_plan_request(request, settings.max_body_bytes)
+    return await plan_or_cached(plan_request, store, workers, settings.max_body_bytes)
+
+
+async def read_plan_request(request: Request, limit: int) -> PlanRequest:
+    """JSON body or multipart form, validated into one `PlanRequest`."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+            return await _from_form(request, limit)
+        if kind in ("application/json", ""):
+            return PlanRequest.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise HTTPException(422, _validation_message(e)) from None
+    except JobFailed:
+        raise
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from None
+    raise HTTPException(415, f"send application/json or multipart/form-data, not {kind!r}")
+
+
+async def _from_form(request: Request, limit: int) -> PlanRequest:
+    form = await request.form(max_part_size=limit)
+    upload = form.get("hlo_file")
+    if isinstance(upload, UploadFile):
+        hlo = hlo_from_upload(await upload.read(limit + 1), limit)
+    elif isinstance(form.get("hlo"), str) and form.get("hlo"):
+        hlo = str(form.get("hlo"))
+    else:
+        raise ValueError("the form needs the HLO as a file field `hlo_file` (or text field `hlo`)")
+    fields: dict[str, Any] = {"hlo": hlo, "options": {}}
+    if text := _text(form, "mesh"):
+        mesh = Mesh.parse(text)
+        fields["mesh"] = MeshSpec(shape=list(mesh.shape), axis_names=list(mesh.axis_names))
+    if text := _text(form, "chip"):
+        # One box takes a preset name or a byte count (the dashboard's form has one).
+        fields["hbm_bytes" if text[0].isdigit() else "chip"] = parse_bytes(text) if text[0].isdigit() else text
+    if text := _text(form, "hbm_bytes"):
+        fields["hbm_bytes"] = parse_bytes(text)
+    if text := _text(form, "manifest"):
+        fields["manifest"] = json.loads(text)
+    if text := _text(form, "threshold"):
+        fields["options"]["threshold"] = float(text)
+    if text := _text(form, "min_bytes"):
+        fields["options"]["min_bytes"] = parse_bytes(text)
+    if text := _text(form, "verify"):
+        fields["options"]["verify"] = text.lower() in ("1", "true", "on", "yes")
+    return PlanRequest.model_validate(fields)
+
+
+def _text(form: Any, key: str) -> str | None:
+    value = form.get(key)
+    return value.strip() or None if isinstance(value, str) else None
+
+
+def _validation_message(e: ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(x) for x in first["loc"]) or "body"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+@router.get("/plans/{plan_id}", response_model=PlanRecord, responses={404: {"model": ErrorDetail}})
+def get_plan(plan_id: str, store: StoreDep) -> PlanRecord:
+    stored = store.get(plan_id)
+    if stored is None:
+        raise HTTPException(404, f"no plan {plan_id!r}")
+    return record(stored, cached=True)
+
+
+@router.get(
+    "/plans/{plan_id}/patched.hlo",
+    response_class=PlainTextResponse,
+    responses={404: {"model": ErrorDetail}},
+    summary="The module with the recommended placements applied, as HLO text",
+)
+def get_patched(plan_id: str, store: StoreDep) -> PlainTextResponse:
+    text = store.patched_hlo(plan_id)
+    if text is None:
+        raise HTTPException(404, f"no plan {plan_id!r}")
+    return PlainTextResponse(text)
+
+
+@router.get("/plans", response_model=PlanPage, summary="Recent plans, newest first")
+def list_plans(
+    store: StoreDep,
+    settings: SettingsDep,
+    limit: int | None = Query(default=None, ge=1, le=500),
+    offset: int = Query(default=0, ge=0),
+) -> PlanPage:
+    limit = limit or settings.page_size
+    total, rows = store.recent(limit, offset)
+    items = [PlanSummary(**{k: getattr(r, k) for k in PlanSummary.model_fields}) for r in rows]
+    return PlanPage(total=total, limit=limit, offset=offset, items=items)

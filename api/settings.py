@@ -1,0 +1,38 @@
+"""Service settings, from `SPMD_PLANNER_*` environment variables.
+
+SPMD_PLANNER_DB_PATH=/var/lib/spmd-planner/plans.sqlite3
+SPMD_PLANNER_TOKEN=...            # bearer token required for POST (unset: open)
+SPMD_PLANNER_TIME_LIMIT_SECONDS=120
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_db_path() -> Path:
+    """Under the user's data directory (XDG), as a desktop tool would keep it."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "spmd-planner" / "plans.sqlite3"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPMD_PLANNER_")
+
+    db_path: Path = Field(default_factory=default_db_path, description="SQLite file holding the stored plans")
+    max_body_bytes: int = Field(default=64 << 20, ge=1, description="largest request body, and largest HLO text")
+    time_limit_seconds: float = Field(default=120.0, gt=0, description="wall time one plan may take")
+    max_workers: int = Field(default=2, ge=1, description="plans computed at once, each in a process of its own")
+    token: str | None = Field(default=None, description="bearer token required for POST; unset: no auth")
+    cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty: CORS off")
+    page_size: int = Field(default=20, ge=1, le=500)
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,30 @@
+"""`spmd-planner serve [--host 127.0.0.1] [--port 8000] [--db PATH]`: the HTTP service and dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the planner service (POST /plan, stored plans, HBM dashboard)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--db", type=Path, help="SQLite file for stored plans (default: under the user's data dir)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api import create_app
+    from api.settings import Settings
+
+    if args.db is not None:
+        os.environ["SPMD_PLANNER_DB_PATH"] = str(args.db)
+    settings = Settings()
+    print(f"spmd-planner: serving on http://{args.host}:{args.port} (plans in {settings.db_path})", flush=True)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,234 @@
+"""The service through its test client: every endpoint, every error status, caching, restarts."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CORPUS
+from fastapi.testclient import TestClient
+
+from api import create_app
+from api.settings import Settings
+from api.worker import PlanWorkers
+from planner import parse_hlo
+from planner.data import DEFAULT_DUMP
+
+DUMP = DEFAULT_DUMP.read_text()
+MESH = {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}
+BAD_HLO = "HloModule m\n\nENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n"
+
+
+def client(tmp_path: Path, **settings: object) -> TestClient:
+    return TestClient(create_app(Settings(db_path=tmp_path / "plans.sqlite3", **settings)))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClient, dict]:
+    """One service with the bundled dump planned once (planning takes seconds)."""
+    c = client(tmp_path_factory.mktemp("api"))
+    response = c.post("/plan", json={"hlo": DUMP, "mesh": MESH, "chip": "v6e"})
+    assert response.status_code == 200, response.text
+    return c, response.json()
+
+
+def test_post_plan_returns_the_plan_and_the_same_request_is_cached(shared: tuple[TestClient, dict]) -> None:
+    c, first = shared
+    assert first["cached"] is False
+    plan = first["plan"]
+    assert plan["mesh"] == "fsdp=4,tp=2" and plan["hbm"]["capacity_bytes"] == 32 << 30
+    assert plan["hbm"]["total_after"] < plan["hbm"]["total_before"]
+    assert any(f["kind"] == "stacked-gradient" for f in plan["findings"])
+    again = c.post("/plan", json={"hlo": DUMP, "mesh": MESH, "chip": "v6e"}).json()
+    assert again["cached"] is True and again["id"] == first["id"] and again["plan"] == plan
+    # A different setting is a different plan.
+    other = c.post("/plan", json={"hlo": DUMP, "mesh": MESH, "hbm_bytes": 1 << 30, "options": {"min_bytes": 1 << 22}})
+    assert other.status_code == 200 and other.json()["id"] != first["id"] and other.json()["cached"] is False
+
+
+def test_get_plan_list_and_patched_module(shared: tuple[TestClient, dict]) -> None:
+    c, first = shared
+    got = c.get(f"/plans/{first['id']}")
+    assert got.status_code == 200 and got.json()["plan"] == first["plan"]
+    page = c.get("/plans", params={"limit": 1}).json()
+    assert page["limit"] == 1 and page["total"] >= 1 and len(page["items"]) == 1
+    assert set(page["items"][0]) >= {"id", "module", "total_before", "total_after", "num_findings"}
+    everything = c.get("/plans", params={"limit": 100}).json()
+    assert first["id"] in {item["id"] for item in everything["items"]}
+    assert c.get("/plans", params={"limit": 1, "offset": everything["total"]}).json()["items"] == []
+    patched = c.get(f"/plans/{first['id']}/patched.hlo")
+    assert patched.status_code == 200
+    module = parse_hlo(patched.text)
+    assert any(i.name.endswith(".pinned") for comp in module.computations for i in comp)
+    assert c.get("/plans/nope").status_code == 404
+    assert c.get("/plans/nope/patched.hlo").status_code == 404
+    assert c.get("/healthz").json() == {"status": "ok", "stored_plans": everything["total"]}
+
+
+def test_file_upload_plain_and_gzip_find_the_stored_plan(shared: tuple[TestClient, dict]) -> None:
+    c, first = shared
+    form = {"mesh": "fsdp=4,tp=2", "chip": "v6e"}
+    plain = c.post("/plan", data=form, files={"hlo_file": ("step.hlo", DUMP.encode())})
+    packed = c.post("/plan", data=form, files={"hlo_file": ("step.hlo.gz", gzip.compress(DUMP.encode()))})
+    for response in (plain, packed):
+        assert response.status_code == 200, response.text
+        assert response.json()["id"] == first["id"] and response.json()["cached"] is True
+
+
+def test_parse_errors_are_422_with_line_and_column(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    response = c.post("/plan", json={"hlo": BAD_HLO})
+    assert response.status_code == 422
+    body = response.json()
+    assert (body["line"], body["column"]) == (4, 23)
+    assert "operand 'p' of 'a' is not defined" in body["detail"]
+    upload = c.post("/plan", files={"hlo_file": ("bad.hlo.gz", gzip.compress(BAD_HLO.encode()))})
+    assert upload.status_code == 422 and upload.json()["line"] == 4
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"mesh": MESH}, "hlo: Field required"),
+        ({"hlo": DUMP, "mesh": {"shape": [4, 2], "axis_names": ["fsdp"]}}, "does not match axis_names"),
+        ({"hlo": DUMP, "chip": "v9"}, "unknown chip 'v9'"),
+        ({"hlo": DUMP, "chip": "v6e", "hbm_bytes": 5}, "give chip or hbm_bytes, not both"),
+        (
+            {"hlo": DUMP, "mesh": {"shape": [2, 2], "axis_names": ["fsdp", "tp"]}},
+            "has 4 devices but the module has num_partitions=8",
+        ),
+    ],
+    ids=["no-hlo", "mesh-names", "chip", "two-capacities", "mesh-size"],
+)
+def test_bad_settings_are_422_with_the_reason(tmp_path: Path, body: dict, message: str) -> None:
+    response = client(tmp_path).post("/plan", json=body)
+    assert response.status_code == 422
+    assert message in response.json()["detail"]
+
+
+def test_size_limits_are_413(tmp_path: Path) -> None:
+    c = client(tmp_path, max_body_bytes=100_000)
+    assert c.post("/plan", json={"hlo": DUMP}).status_code == 413
+    # A small gzip that inflates past the limit is refused while inflating.
+    bomb = gzip.compress(b"HloModule m\n" + b" " * 5_000_000)
+    assert len(bomb) < 100_000
+    response = c.post("/plan", files={"hlo_file": ("x.hlo.gz", bomb)})
+    assert response.status_code == 413 and "once decompressed" in response.json()["detail"]
+    # Chunked (no Content-Length) bodies are counted as they arrive.
+    chunks = (b"x" * 10_000 for _ in range(20))
+    streamed = c.post("/plan", content=chunks, headers={"content-type": "application/json"})
+    assert streamed.status_code == 413
+
+
+def test_wrong_content_type_is_415(tmp_path: Path) -> None:
+    assert client(tmp_path).post("/plan", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+
+
+def test_time_limit_is_504_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    c = client(tmp_path, time_limit_seconds=0.5)
+    response = c.post("/plan", json={"hlo": DUMP, "mesh": MESH})
+    assert response.status_code == 504
+    assert "time limit of 0.5 s" in response.json()["detail"]
+    assert c.get("/healthz").status_code == 200
+    assert c.get("/plans").json()["total"] == 0  # nothing half-made was stored
+
+
+def test_a_dying_worker_is_500_and_the_next_plan_still_runs(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    workers = c.app.state.workers  # type: ignore[attr-defined]
+    c.app.state.workers = PlanWorkers(1, 60, command=(sys.executable, "-c", "import os; os.abort()"))  # type: ignore[attr-defined]
+    response = c.post("/plan", json={"hlo": BAD_HLO})
+    assert response.status_code == 500 and "the planner process died" in response.json()["detail"]
+    c.app.state.workers = workers  # type: ignore[attr-defined]
+    assert c.post("/plan", json={"hlo": BAD_HLO}).status_code == 422
+
+
+def test_bearer_token_guards_posting(tmp_path: Path) -> None:
+    c = client(tmp_path, token="s3cret")
+    assert c.post("/plan", json={"hlo": BAD_HLO}).status_code == 401
+    assert c.post("/plan", json={"hlo": BAD_HLO}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert c.post("/plan", json={"hlo": BAD_HLO}, headers={"Authorization": "Bearer s3cret"}).status_code == 422
+    assert c.get("/plans").status_code == 200  # reading stays open
+    form = c.post("/", data={"hlo": BAD_HLO, "token": "wrong"})
+    assert form.status_code == 401 and "token" in form.text
+
+
+def test_plans_survive_a_restart(tmp_path: Path) -> None:
+    db = tmp_path / "plans.sqlite3"
+    small = (CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()
+    first = TestClient(create_app(Settings(db_path=db))).post("/plan", json={"hlo": small, "mesh": MESH}).json()
+    restarted = TestClient(create_app(Settings(db_path=db)))
+    assert restarted.get(f"/plans/{first['id']}").json()["plan"] == first["plan"]
+    again = restarted.post("/plan", json={"hlo": small, "mesh": MESH}).json()
+    assert again["cached"] is True and again["id"] == first["id"]
+    assert (tmp_path / "plans.sqlite3-wal").exists() or db.stat().st_size > 0
+
+
+def test_cors_is_off_unless_configured(tmp_path: Path) -> None:
+    headers = {"Origin": "https://example.org", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in client(tmp_path).options("/plan", headers=headers).headers
+    allowed = client(tmp_path, cors_origins=["https://example.org"]).options("/plan", headers=headers)
+    assert allowed.headers["access-control-allow-origin"] == "https://example.org"
+
+
+def test_openapi_documents_every_model_with_examples(tmp_path: Path) -> None:
+    schema = client(tmp_path).get("/openapi.json").json()
+    names = set(schema["components"]["schemas"])
+    assert {
+        "PlanRequest",
+        "PlanRecord",
+        "Plan",
+        "FindingInfo",
+        "PlacementInfo",
+        "PlanPage",
+        "ErrorDetail",
+        "Health",
+    } <= names
+    assert schema["components"]["schemas"]["PlanRequest"]["examples"]
+    post = schema["paths"]["/plan"]["post"]
+    assert {"application/json", "multipart/form-data"} <= set(post["requestBody"]["content"])
+    assert {"200", "413", "422", "504"} <= set(post["responses"])
+
+
+def test_dashboard_lists_plans_and_draws_one(shared: tuple[TestClient, dict]) -> None:
+    c, first = shared
+    index = c.get("/")
+    assert index.status_code == 200 and f"/plans/{first['id']}/view" in index.text and "<form" in index.text
+    page = c.get(f"/plans/{first['id']}/view")
+    assert page.status_code == 200
+    html = page.text
+    assert len(re.findall(r'<rect class="after"', html)) == 8  # one bar per chip
+    assert 'id="findings"' in html and "stacked-gradient" in html
+    assert "dot.1660" in html and "mark_sharding" not in html  # no manifest: HLO placements only
+    assert "http://" not in html and "https://" not in html  # nothing fetched from elsewhere
+    assert c.get("/plans/nope/view").status_code == 404
+
+
+def test_dashboard_form_plans_and_redirects(shared: tuple[TestClient, dict]) -> None:
+    c, first = shared
+    response = c.post("/", data={"hlo": DUMP, "mesh": "fsdp=4,tp=2", "chip": "v6e"}, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == f"/plans/{first['id']}/view"
+    bad = c.post("/", data={"hlo": BAD_HLO, "mesh": "fsdp=4,tp=2"})
+    assert bad.status_code == 422 and "not defined earlier" in bad.text
+
+
+def test_hlo_strings_render_inert(tmp_path: Path) -> None:
+    """Metadata carrying markup and quotes is shown as text: the page keeps its one script of its own."""
+    evil = """, metadata={op_name="<script>alert('op')</script>" source_file="/tmp/\\"><img src=x onerror=alert(1)>.py" source_line=7}"""
+    at = DUMP.index("\n", DUMP.index("%dot.1660 = "))
+    c = client(tmp_path)
+    response = c.post("/plan", json={"hlo": DUMP[:at] + evil + DUMP[at:], "mesh": MESH})
+    assert response.status_code == 200, response.text
+    html = c.get(f"/plans/{response.json()['id']}/view").text
+    assert "&lt;script&gt;alert(" in html
+    assert html.count("<script") == 1  # the page's own copy-button script
+    assert "<img" not in html and "onerror=alert(1)>" not in html
+
+
+def test_openapi_json_is_valid_json_for_clients(tmp_path: Path) -> None:
+    text = client(tmp_path).get("/openapi.json").text
+    assert json.loads(text)["info"]["title"] == "SPMD sharding planner"
