@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from api.limits import BodySizeLimit
 from api.models import PlanRequest
+from api.openapi_examples import example_for, service_examples
 from api.routes import dashboard, health, plans
 from api.settings import Settings, get_settings
 from api.store import PlanStore
@@ -55,5 +56,10 @@ def _openapi_with(app: FastAPI, *models: type[BaseModel]) -> dict[str, Any]:
             generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(generated.pop("$defs", {}))
             components[model.__name__] = generated
+        examples = service_examples()
+        for name, component in components.items():
+            example = examples.get(name, example_for(name))
+            if example is not None and "examples" not in component:
+                component["examples"] = [example]
         app.openapi_schema = schema
     return app.openapi_schema

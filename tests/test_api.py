@@ -13,10 +13,13 @@ from conftest import CORPUS
 from fastapi.testclient import TestClient
 
 from api import create_app
+from api.models import PlanRecord, PlanRequest
+from api.openapi_examples import example_plan, make_example
 from api.settings import Settings
 from api.worker import PlanWorkers
 from planner import parse_hlo
 from planner.data import DEFAULT_DUMP
+from planner.plan.model import Plan
 
 DUMP = DEFAULT_DUMP.read_text()
 MESH = {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}
@@ -232,3 +235,8 @@ def test_hlo_strings_render_inert(tmp_path: Path) -> None:
 def test_openapi_json_is_valid_json_for_clients(tmp_path: Path) -> None:
     text = client(tmp_path).get("/openapi.json").text
     assert json.loads(text)["info"]["title"] == "SPMD sharding planner"
+
+
+def test_openapi_plan_example_is_the_planners_current_output() -> None:
+    """The stored example is regenerated output, not prose: `python -m api.openapi_examples` rewrites it."""
+    assert make_example() == example_plan()

@@ -1,0 +1,114 @@
+"""Examples for the OpenAPI schema, cut from one real plan of the bundled dump.
+
+`examples/plan.json` is the plan of `planner/data/llama_scan_L8_fsdp4_tp2.hlo` on the
+mesh fsdp=4,tp=2 with a v6e's capacity, every list cut to its first two
+items. Each documented model takes its example from the matching part of it,
+so the examples are real output, not prose. Regenerate after a change to the
+planner's output with `python -m api.openapi_examples`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PLAN_EXAMPLE = Path(__file__).with_name("examples") / "plan.json"
+_KEEP = 2
+
+# Model name -> path into the example plan (keys and list indexes).
+_PARTS: dict[str, tuple[str | int, ...]] = {
+    "Plan": (),
+    "LoopInfo": ("loops", 0),
+    "HbmInfo": ("hbm",),
+    "BufferInfo": ("hbm", "top_buffers_before", 0),
+    "FindingInfo": ("findings", 0),
+    "RootCauseInfo": ("findings", 0, "root_cause"),
+    "ConflictInfo": ("conflicts", 0),
+    "GroupMemberInfo": ("conflicts", 0, "members", 0),
+    "PlacementInfo": ("placements", 0),
+    "AnnotationInfo": ("placements", 0, "annotations", 0),
+    "AlternativeInfo": ("alternatives", 0),
+}
+
+
+def trimmed(value: Any) -> Any:
+    if isinstance(value, list):
+        return [trimmed(v) for v in value[:_KEEP]]
+    if isinstance(value, dict):
+        return {k: trimmed(v) for k, v in value.items()}
+    return value
+
+
+def make_example() -> dict[str, Any]:
+    from planner.data import DEFAULT_DUMP
+    from planner.hlo.parser import parse_hlo_file
+    from planner.memory import chip
+    from planner.mesh import Mesh
+    from planner.plan.planner import make_plan
+
+    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"), chip("v6e").hbm_bytes)
+    return trimmed(plan.model_dump(mode="json"))  # type: ignore[no-any-return]
+
+
+@cache
+def example_plan() -> dict[str, Any]:
+    return json.loads(PLAN_EXAMPLE.read_text())  # type: ignore[no-any-return]
+
+
+def example_for(model: str) -> Any | None:
+    path = _PARTS.get(model)
+    if path is None:
+        return _OTHERS.get(model)
+    value: Any = example_plan()
+    for key in path:
+        value = value[key]
+    return value
+
+
+# Models the bundled plan does not show (no manifest, no verification), and the service's own.
+_OTHERS: dict[str, Any] = {
+    "TorchPinInfo": {"parameter": "d.weight", "partition_spec": ["fsdp", "tp"], "call": "mark_sharding_with_gradients"},
+    "Verification": {  # `plan --verify` on the JAX corpus case
+        "xla": "jaxlib 0.7.1 (XLA GSPMD on 8 virtual CPU devices)", "num_devices": 8,
+        "before_total_bytes": 465683604, "after_total_bytes": 264357020, "predicted_saving_bytes": 216625148,
+        "xla_saving_bytes": 201326584, "after_while_shapes": ["(s32[], f32[2,64,512]{2,1,0}, f32[8,2,64, ...)"],
+        "stacked_gradients_at_shard": True, "gradient_mismatches": [], "seconds": 7.047,
+    },
+    "ManifestParameter": {"name": "0.d.weight", "shape": [1024, 4096], "partition_spec": ["fsdp", "tp"]},
+    "Manifest": {
+        "outputs": [None, "0.q.weight", "0.d.weight"],
+        "parameters": [
+            {"name": "0.q.weight", "shape": [1024, 1024], "partition_spec": ["tp", "fsdp"]},
+            {"name": "0.d.weight", "shape": [1024, 4096], "partition_spec": ["fsdp", "tp"]},
+        ],
+    },
+    "MeshSpec": {"shape": [4, 2], "axis_names": ["fsdp", "tp"], "device_ids": None},
+    "PlanOptions": {"threshold": 1.5, "min_bytes": 1048576, "verify": False},
+    "ErrorDetail": {
+        "detail": "request:4:23: operand 'p' of 'a' is not defined earlier in computation 'e'", "line": 4, "column": 23,
+    },
+    "Health": {"status": "ok", "stored_plans": 12},
+}  # fmt: skip
+
+
+def service_examples() -> dict[str, Any]:
+    """Examples for the response models wrapping a plan."""
+    plan = example_plan()
+    summary = {
+        "id": "c29be64f11394efc6aacaf452b97f455", "created_at": 1795420800.0, "module": plan["module"],
+        "mesh": plan["mesh"], "capacity_bytes": plan["hbm"]["capacity_bytes"],
+        "total_before": plan["hbm"]["total_before"], "total_after": plan["hbm"]["total_after"],
+        "num_findings": len(plan["findings"]),
+    }  # fmt: skip
+    return {
+        "PlanRecord": {"id": summary["id"], "created_at": summary["created_at"], "cached": False, "plan": plan},
+        "PlanSummary": summary,
+        "PlanPage": {"total": 1, "limit": 20, "offset": 0, "items": [summary]},
+    }
+
+
+if __name__ == "__main__":
+    PLAN_EXAMPLE.write_text(json.dumps(make_example(), indent=1) + "\n")
+    print(f"wrote {PLAN_EXAMPLE}")
