@@ -227,6 +227,9 @@ def test_hlo_strings_render_inert(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert(" in html
     assert html.count("<script") == 1  # the page's own copy-button script
     assert "<img" not in html and "onerror=alert(1)>" not in html
+    # HLO's grammar has no room for markup in instruction names: such a name is refused with its place.
+    named = c.post("/plan", json={"hlo": 'HloModule m\n\nENTRY e {\n  ROOT <script>"x = f32[4] parameter(0)\n}\n'})
+    assert named.status_code == 422 and named.json()["line"] == 4
 
 
 def test_openapi_json_is_valid_json_for_clients(tmp_path: Path) -> None:
