@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import REPO
+from live_server import live_server
 
 from planner.data import DEFAULT_DUMP
 
 OUTPUT = REPO / "test-output" / "dashboard"
-BIN = Path(sys.executable).parent
 # Chromium as root in a sandbox, with nothing that phones home (this machine has no network).
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -27,37 +23,10 @@ CHROMIUM_FLAGS = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    db = tmp_path_factory.mktemp("server") / "plans.sqlite3"
-    process = subprocess.Popen(
-        [str(BIN / "spmd-planner"), "serve", "--port", str(port), "--db", str(db)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    output = process.stdout.read() if process.stdout else ""
-                    raise RuntimeError(f"server did not start: {output}") from None
-                time.sleep(0.2)
+    with live_server(tmp_path_factory.mktemp("server") / "plans.sqlite3") as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def post_json(url: str, body: dict) -> dict:

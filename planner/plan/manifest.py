@@ -18,6 +18,7 @@ spec `('fsdp', None)` is `{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicat
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -91,3 +92,23 @@ def layer_relative(name: str) -> str:
     """`layers.3.mlp.down.weight` -> `mlp.down.weight`: the name inside the scanned layer."""
     m = _LAYER_INDEX.match(name)
     return m.group(1) if m else name
+
+
+def spec_from_sharding(sharding: HloSharding, rank: int, mesh: Mesh) -> list[AxisSpec]:
+    """The partition spec over `mesh` whose sharding is `sharding` (what a framework reports per tensor).
+
+    Searches the ways to give each mesh axis to one dim (or none), in every
+    order within a dim; meshes have a handful of axes, so the search is small.
+    """
+    if not sharding.is_tiled:
+        if sharding.is_replicated:
+            return [None] * rank
+        raise ValueError(f"sharding {sharding.to_text()} is not a tiling of mesh {mesh.to_text()}")
+    axes = list(mesh.axis_names)
+    for owners in itertools.product(range(rank + 1), repeat=len(axes)):
+        per_dim = [[a for a, o in zip(axes, owners) if o == d] for d in range(rank)]
+        for orders in itertools.product(*(itertools.permutations(group) for group in per_dim)):
+            spec: list[AxisSpec] = [None if not g else g[0] if len(g) == 1 else list(g) for g in orders]
+            if spec_sharding(spec, mesh) == sharding:
+                return spec
+    raise ValueError(f"sharding {sharding.to_text()} is not a partition spec over mesh {mesh.to_text()}")

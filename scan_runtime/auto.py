@@ -1,0 +1,46 @@
+"""`auto_plan`: one call before training that captures the step, gets a plan and activates it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from planner.plan.manifest import layer_relative
+from scan_runtime.capture import capture_step
+from scan_runtime.client import PlannerClient, to_planner_mesh
+from scan_runtime.layer_plan import LayerPlan, PlanMismatch, activate
+
+
+def auto_plan(
+    loss_fn: Callable[..., torch.Tensor],
+    *example_args: Any,
+    model: torch.nn.Module,
+    mesh: Any,
+    client: PlannerClient | None = None,
+) -> LayerPlan | None:
+    """Plan the step `loss_fn(*example_args)` and make the plan active for every following scan.
+
+    `loss_fn` runs the forward and returns the scalar loss; it is traced once
+    (with the backward) and not executed. `mesh` is the torch_xla Mesh the
+    model is sharded over. Returns the active plan, or None when the client is
+    not strict and the service could not be reached (training goes on plain).
+    """
+    client = client or PlannerClient(mesh=mesh)
+    if client.mesh is None:
+        client.mesh = to_planner_mesh(mesh)
+    captured = capture_step(loss_fn, example_args, model, client.mesh)
+    result = client.plan(captured.hlo, captured.manifest)
+    if result is None:
+        activate(None)
+        return None
+    plan = LayerPlan.from_plan(result.plan, mesh, result.plan_id)
+    shapes = {layer_relative(p.name): tuple(p.shape) for p in captured.manifest.parameters}
+    try:
+        plan.check_parameters(shapes)
+    except PlanMismatch:
+        activate(None)
+        raise
+    activate(plan)
+    return plan

@@ -1,0 +1,158 @@
+"""Getting a plan: from the planner service, or in-process when no URL is set.
+
+Plans are cached on disk by content hash (HLO, mesh, capacity, manifest), so
+the second run of the same step asks nobody. A service that cannot be
+reached is retried with backoff; then, with `strict=True`, the caller gets
+`PlannerUnavailable` naming the URL and the cause, and with `strict=False` a
+warning and no plan, and training goes on as plain torch_xla.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.hlo.parser import parse_hlo
+from planner.memory import chip as chip_preset
+from planner.mesh import Mesh
+from planner.plan.manifest import Manifest
+from planner.plan.model import Plan
+from planner.plan.planner import make_plan
+
+
+class PlannerUnavailable(RuntimeError):
+    """The planner service could not be reached or did not answer in time."""
+
+
+class PlannerRefused(RuntimeError):
+    """The planner answered, and refused the request (bad HLO, a mesh that does not fit, ...)."""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    plan_id: str
+    source: str  # "service", "in-process" or "disk cache"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spmd-planner" / "plans"
+
+
+class PlannerClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        mesh: Any = None,
+        chip: str | None = None,
+        hbm_bytes: int | None = None,
+        timeout: float = 600.0,
+        retries: int = 2,
+        strict: bool = True,
+        token: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        """`mesh`: a torch_xla `Mesh` or the planner's; `chip` a preset name or `hbm_bytes` the capacity."""
+        if chip is not None and hbm_bytes is not None:
+            raise ValueError("give chip or hbm_bytes, not both")
+        self.url = url.rstrip("/") if url else None
+        self.mesh = to_planner_mesh(mesh) if mesh is not None else None
+        self.capacity_bytes = chip_preset(chip).hbm_bytes if chip is not None else hbm_bytes
+        self.timeout = timeout
+        self.retries = retries
+        self.strict = strict
+        self.token = token
+        self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+
+    def plan(self, hlo: str, manifest: Manifest | None = None) -> PlanResult | None:
+        """The plan for one captured step; None only when not strict and the service is unreachable."""
+        key = self._key(hlo, manifest)
+        cached = self.cache_dir / f"{key}.json"
+        if cached.is_file():
+            return PlanResult(Plan.model_validate_json(cached.read_text()), key, "disk cache")
+        try:
+            plan, source = (
+                (self._remote(hlo, manifest), "service") if self.url else (self._local(hlo, manifest), "in-process")
+            )
+        except PlannerUnavailable as e:
+            if self.strict:
+                raise
+            warnings.warn(f"training on without a plan: {e}", stacklevel=2)
+            return None
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".tmp")
+        partial.write_text(plan.model_dump_json())
+        partial.replace(cached)  # readers never see half a file
+        return PlanResult(plan, key, source)
+
+    def _key(self, hlo: str, manifest: Manifest | None) -> str:
+        digest = hashlib.sha256(hlo.encode())
+        settings = {
+            "mesh": self.mesh.to_text() if self.mesh else None,
+            "device_ids": list(self.mesh.device_ids) if self.mesh else None,
+            "capacity": self.capacity_bytes,
+            "manifest": manifest.model_dump(mode="json") if manifest else None,
+        }
+        digest.update(json.dumps(settings, sort_keys=True).encode())
+        return digest.hexdigest()[:32]
+
+    def _local(self, hlo: str, manifest: Manifest | None) -> Plan:
+        plan, _ = make_plan(parse_hlo(hlo, source="captured step"), self.mesh, self.capacity_bytes, manifest=manifest)
+        return plan
+
+    def _remote(self, hlo: str, manifest: Manifest | None) -> Plan:
+        body: dict[str, Any] = {"hlo": hlo}
+        if self.mesh is not None:
+            body["mesh"] = {"shape": list(self.mesh.shape), "axis_names": list(self.mesh.axis_names),
+                            "device_ids": list(self.mesh.device_ids)}  # fmt: skip
+        if self.capacity_bytes is not None:
+            body["hbm_bytes"] = self.capacity_bytes
+        if manifest is not None:
+            body["manifest"] = manifest.model_dump(mode="json")
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(f"{self.url}/plan", json.dumps(body).encode(), headers)
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(2**attempt, 10))
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return Plan.model_validate(json.loads(response.read())["plan"])
+            except urllib.error.HTTPError as e:
+                detail = _detail(e)
+                if e.code < 500 or e.code == 504:  # the request itself is at fault, or too slow to retry
+                    raise PlannerRefused(f"the planner at {self.url} answered {e.code}: {detail}") from None
+                last = f"HTTP {e.code}: {detail}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                last = str(getattr(e, "reason", e))
+        raise PlannerUnavailable(f"cannot reach the planner service at {self.url} "
+                                 f"after {self.retries + 1} attempts: {last}")  # fmt: skip
+
+
+def _detail(e: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(e.read()).get("detail"))
+    except (ValueError, AttributeError):
+        return e.reason if isinstance(e.reason, str) else ""
+
+
+def to_planner_mesh(mesh: Any) -> Mesh:
+    """A torch_xla `Mesh` (or the planner's own) as the planner's `Mesh`."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    names = tuple(mesh.axis_names) if mesh.axis_names else tuple(f"axis{i}" for i in range(len(mesh.mesh_shape)))
+    devices = np.asarray(mesh.device_ids).reshape(-1)
+    return Mesh(tuple(int(n) for n in mesh.mesh_shape), names, tuple(int(d) for d in devices))
