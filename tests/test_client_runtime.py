@@ -66,6 +66,12 @@ def test_numerics_are_unchanged_by_the_plan(tmp_path: Path) -> None:
 
 
 @pytest.mark.xla
+def test_without_a_plan_scan_layers_is_torch_xlas(tmp_path: Path) -> None:
+    plain = drive("plain", tmp_path / "cache")
+    assert plain["ours"] == plain["torch_xla"]
+
+
+@pytest.mark.xla
 def test_the_example_trains_with_a_plan(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, str(REPO / "examples" / "train_llama_scan.py"), "--steps", "2"],

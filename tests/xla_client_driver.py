@@ -68,7 +68,7 @@ def sgd_losses(model: LlamaStack, x: torch.Tensor, steps: int = 3, lr: float = 0
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["mismatch", "losses"])
+    ap.add_argument("mode", choices=["mismatch", "losses", "plain"])
     ap.add_argument("--url")
     ap.add_argument("--cache", type=Path)
     args = ap.parse_args()
@@ -85,6 +85,20 @@ def main() -> int:
         out["plan_id"] = plan.plan_id
         out["plan"] = plan.plan.model_dump(mode="json") if plan.plan else None
         out["after"] = mismatched(model, x)
+    elif args.mode == "plain":
+        # Without a plan, ours and torch_xla's scan_layers: same graph, same numbers, same shardings.
+        from torch_xla.experimental.scan_layers import scan_layers as xla_scan_layers
+
+        activate(None)
+        spec = torch_xla._XLAC._get_xla_sharding_spec
+        for name, run in (("ours", model), ("torch_xla", lambda batch: xla_scan_layers(model.layers, batch))):
+            for p in model.parameters():
+                p.grad = None
+            loss = run(x).pow(2).mean()
+            loss.backward()
+            torch_xla.sync()
+            out[name] = {"loss": float(loss.item()), "grad_shardings": [spec(p.grad) for p in model.parameters()],
+                         "grads": [float(p.grad.abs().sum().item()) for p in model.parameters()]}  # fmt: skip
     else:
         activate(None)
         out["without"] = sgd_losses(model, x)
