@@ -169,6 +169,18 @@ CASES = [
         "unexpected 'x' after the value of 'index'",
     ),
     ("nul_byte", HEAD + "ENTRY e {\n  ROOT p = f32[4] parameter(0)\x00\n}\n", 4, 31, "NUL byte"),
+    # Shapes that do not fit operands or attributes, refused where written (as XLA's verifier does).
+    ("tuple_arity", HEAD + "ENTRY e {\n  p = f32[4] parameter(0)\n  ROOT t = (f32[4]) tuple(p, p)\n}\n", 5, 8, "tuple has 2 operands but its shape has 1 elements"),
+    ("tuple_element", HEAD + "ENTRY e {\n  p = f32[4] parameter(0)\n  ROOT t = (f32[5]) tuple(p)\n}\n", 5, 8, "tuple element 0 is declared f32[5] but its operand is f32[4]"),
+    ("gte_shape", HEAD + "ENTRY e {\n  p = (f32[4], s32[]) parameter(0)\n  ROOT g = f32[5] get-tuple-element(p), index=0\n}\n", 5, 8, "declared f32[5] but element 0 of 'p' is f32[4]"),
+    ("broadcast_dims", HEAD + "ENTRY e {\n  p = f32[4] parameter(0)\n  ROOT b = f32[4,8] broadcast(p), dimensions={5}\n}\n", 5, 21, "broadcast dimensions [5] name dims [5] outside rank 2"),
+    ("transpose_perm", HEAD + "ENTRY e {\n  p = f32[4,8] parameter(0)\n  ROOT t = f32[8,4] transpose(p), dimensions={0,0}\n}\n", 5, 21, "is not a permutation of 2 dims"),
+    ("reshape_count", HEAD + "ENTRY e {\n  p = f32[4,8] parameter(0)\n  ROOT r = f32[30] reshape(p)\n}\n", 5, 20, "changes the element count"),
+    ("dot_dims", HEAD + "ENTRY e {\n  a = f32[4,8] parameter(0)\n  b = f32[6,4] parameter(1)\n  ROOT d = f32[4,4] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n", 6, 21, "dot pairs lhs dim 1 (8) with rhs dim 0 (6)"),
+    ("slice_range", HEAD + "ENTRY e {\n  p = f32[4] parameter(0)\n  ROOT s = f32[2] slice(p), slice={[3:9]}\n}\n", 5, 19, "slice range [3:9:1] does not fit dim 0 of size 4"),
+    ("elementwise_dims", HEAD + "ENTRY e {\n  a = f32[4] parameter(0)\n  b = f32[5] parameter(1)\n  ROOT s = f32[4] add(a, b)\n}\n", 6, 19, "operand 1 is f32[5] but the result is f32[4]"),
+    ("layout_order", HEAD + "ENTRY e {\n  ROOT p = f32[4,8]{1,,0} parameter(0)\n}\n", 4, 20, "layout {1,,0} is not an order of the 2 dims"),
+    ("gather_index_map", HEAD + "ENTRY e {\n  o = f32[8,4] parameter(0)\n  i = s32[3,1] parameter(1)\n  ROOT g = f32[3,4] gather(o, i), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={11}, index_vector_dim=1, slice_sizes={1,4}\n}\n", 6, 21, "start_index_map [11] name dims [11] outside rank 2"),
 ]
 
 

@@ -44,6 +44,18 @@ def tuple_index_problem(index: object, source: Shape, operand: str) -> str | Non
     return None
 
 
+def tuple_shape_problem(shape: Shape, operand_shapes: list[Shape]) -> str | None:
+    """A tuple's declared shape must be its operands' shapes (layouts aside), as XLA's verifier requires."""
+    if not isinstance(shape, TupleShape):
+        return f"a tuple has a tuple shape, not {shape.to_text()}"
+    if len(shape.elements) != len(operand_shapes):
+        return f"tuple has {len(operand_shapes)} operands but its shape has {len(shape.elements)} elements"
+    for i, (declared, given) in enumerate(zip(shape.elements, operand_shapes)):
+        if declared.to_text(with_layout=False) != given.to_text(with_layout=False):
+            return f"tuple element {i} is declared {declared.to_text(False)} but its operand is {given.to_text(False)}"
+    return None
+
+
 def fit_sharding(attributes: tuple[Attribute, ...], shape: Shape) -> tuple[tuple[Attribute, ...], str | None]:
     """Checks a sharding against the shape and expands it over tuples.
 

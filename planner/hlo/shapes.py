@@ -198,7 +198,19 @@ def _array_from_match(cursor: Cursor, m: re.Match[str], layout: str | None) -> A
                 dims.append(-1)
                 dynamic.append(True)
             offset += len(piece) + 1
+    if layout is not None:
+        _check_layout(cursor, layout, len(dims), m.end())
     return ArrayShape(m.group(1), tuple(dims), tuple(dynamic) if any(dynamic) else (), layout)
+
+
+def _check_layout(cursor: Cursor, layout: str, rank: int, pos: int) -> None:
+    """`{2,1,0}` (minor to major, then `:` and tiling): the dim list is a permutation of the dims."""
+    order = layout.strip()[1:-1].split(":", 1)[0].strip()
+    pieces = [p.strip() for p in order.split(",")] if order else []
+    if not order and rank == 0 or not order and ":" in layout:
+        return
+    if not all(p.isdigit() for p in pieces) or sorted(int(p) for p in pieces) != list(range(rank)):
+        cursor.fail(f"layout {layout.strip()} is not an order of the {rank} dims of this shape", pos)
 
 
 def _tuple_end(cursor: Cursor) -> int:

@@ -65,6 +65,9 @@ def leaf_shardings(shape: Shape, sharding: HloSharding | None) -> list[HloShardi
     if sharding is None:
         return [None] * len(leaves)
     if sharding.is_tuple:
+        if not isinstance(shape, TupleShape):
+            # An array-valued op carrying its operand tuple's sharding (outfeed's token result).
+            return [None] * len(leaves)
         return list(sharding.elements) + [None] * (len(leaves) - len(sharding.elements))
     return [sharding] * len(leaves)
 
