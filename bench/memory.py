@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from xla_reference import compile_spmd, memory_total  # noqa: E402
+from xla_reference import compile_spmd, memory_total, summary  # noqa: E402
 
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
@@ -52,6 +52,7 @@ def accuracy_table() -> None:
         seconds = time.perf_counter() - start
         name = truth.name.split(".")[0]
         print(f"{name:<44} {ours / 1e6:>9.1f} {xla / 1e6:>9.1f} {(ours - xla) / xla:>+7.1%} {seconds:>7.3f}")
+        summary("memory per device", name, ours / 1e6, xla / 1e6, "MB", ours / xla, "XLA's own numbers for the case")
 
 
 def main() -> int:

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from xla_reference import compile_spmd  # noqa: E402
+from xla_reference import compile_spmd, summary  # noqa: E402
 
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
@@ -74,6 +74,7 @@ def main() -> int:
         xla = statistics.median(compile_spmd(text, allow_output=True)[1] for _ in range(2))
         verdict = "met" if ours / xla <= TARGET else "missed"
         print(f"{path.name:<40} {ours:>8.3f} {runs[0][1]:>12} {xla:>14.3f} {ours / xla:>9.3f} {verdict:>7}")
+        summary("full plan", path.name, ours, xla, "s", ours / xla, f"target <= {TARGET}: {verdict}")
     return 0
 
 

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from xla_reference import compile_spmd  # noqa: E402
+from xla_reference import compile_spmd, summary  # noqa: E402
 
 from planner.data import DEFAULT_DUMP  # noqa: E402
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
@@ -82,6 +82,24 @@ def main() -> int:
     print(f"  uncached median {statistics.median(uncached):.3f} s over {len(uncached)} (plan in a worker process)")
     print(f"  cached   median {statistics.median(cached) * 1000:.1f} ms over {len(cached)}")
     print(f"  XLA compile of the same module {xla:.3f} s; uncached/XLA {statistics.median(uncached) / xla:.2f}")
+    summary(
+        "POST /plan uncached",
+        DEFAULT_DUMP.name,
+        statistics.median(uncached),
+        xla,
+        "s",
+        statistics.median(uncached) / xla,
+        "median round trip vs XLA's compile",
+    )
+    summary(
+        "POST /plan cached",
+        DEFAULT_DUMP.name,
+        statistics.median(cached),
+        xla,
+        "s",
+        statistics.median(cached) / xla,
+        "median round trip vs XLA's compile",
+    )
     return 0
 
 

@@ -46,3 +46,11 @@ def memory_total(executable: object) -> int:
     return int(
         stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
     )
+
+
+def summary(benchmark: str, case: str, ours: float, xla: float, unit: str, ratio: float, note: str = "") -> None:
+    """One headline row, printed as `SUMMARY {json}` for bench/all.py to collect."""
+    import json
+
+    row = {"benchmark": benchmark, "case": case, "ours": ours, "xla": xla, "unit": unit, "ratio": ratio, "note": note}
+    print("SUMMARY " + json.dumps(row))

@@ -20,9 +20,9 @@ from planner.hlo.attribute_parser import FLAT_VALUE, called_computations, parse_
 from planner.hlo.instruction_checks import fit_sharding, infer_shape, tuple_index_problem, tuple_shape_problem
 from planner.hlo.ir import Attribute, Instruction
 from planner.hlo.opcodes import ARITY, OPCODES, arity_problem
-from planner.hlo.shape_checks import shape_problem
 from planner.hlo.parse_state import ParseState, PendingReference, Scope
 from planner.hlo.scanner import skip_balanced
+from planner.hlo.shape_checks import shape_problem
 from planner.hlo.shapes import Shape, parse_optional_shape, parse_shape
 
 _NAME = r"%?[A-Za-z_0-9][\w.\-]*"

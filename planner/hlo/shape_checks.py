@@ -145,7 +145,9 @@ def _dynamic_slice(inst: Instruction, operands: list[ArrayShape], out: ArrayShap
 def _dynamic_update_slice(inst: Instruction, operands: list[ArrayShape], out: ArrayShape) -> str | None:
     operand, update = operands[0], operands[1]
     if len(operands) - 2 != operand.rank:
-        return f"dynamic-update-slice of rank {operand.rank} needs {operand.rank} start indices, has {len(operands) - 2}"
+        return (
+            f"dynamic-update-slice of rank {operand.rank} needs {operand.rank} start indices, has {len(operands) - 2}"
+        )
     if update.rank != operand.rank or any(u > n for u, n in zip(update.dims, operand.dims)):
         return f"update {update.to_text(False)} does not fit in {operand.to_text(False)}"
     if out.dims != operand.dims:

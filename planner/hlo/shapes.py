@@ -207,7 +207,7 @@ def _check_layout(cursor: Cursor, layout: str, rank: int, pos: int) -> None:
     """`{2,1,0}` (minor to major, then `:` and tiling): the dim list is a permutation of the dims."""
     order = layout.strip()[1:-1].split(":", 1)[0].strip()
     pieces = [p.strip() for p in order.split(",")] if order else []
-    if not order and rank == 0 or not order and ":" in layout:
+    if not order and (rank == 0 or ":" in layout):
         return
     if not all(p.isdigit() for p in pieces) or sorted(int(p) for p in pieces) != list(range(rank)):
         cursor.fail(f"layout {layout.strip()} is not an order of the {rank} dims of this shape", pos)

@@ -1,0 +1,58 @@
+"""Every benchmark, one after the other, and one table of their headline ratios.
+
+    .venv/bin/python bench/all.py [--quick]
+
+Each benchmark runs in its own process (XLA reads its device flags once per
+process) and prints its own detailed table; their `SUMMARY` lines are
+collected into the closing table. Ratios are ours / XLA unless the row's note
+says otherwise. `--quick` runs fewer repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+SCRIPTS = [
+    ("parse.py", ["--repeat", "7"], ["--repeat", "2"]),
+    ("propagation.py", ["--repeat", "5"], ["--repeat", "1"]),
+    ("plan.py", ["--repeat", "3"], ["--repeat", "1"]),
+    ("memory.py", [], []),
+    ("plan_scaling.py", [], []),
+    ("service.py", ["--uncached", "5", "--cached", "20"], ["--uncached", "2", "--cached", "5"]),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for script, full, quick in SCRIPTS:
+        print(f"\n=== {script} " + "=" * (60 - len(script)), flush=True)
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, str(BENCH / script), *(quick if args.quick else full)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        for line in done.stdout.splitlines():
+            if line.startswith("SUMMARY "):
+                rows.append(json.loads(line.removeprefix("SUMMARY ")))
+            else:
+                print(line)
+        if done.returncode != 0:
+            print(done.stderr[-2000:])
+            return done.returncode
+        print(f"({time.perf_counter() - start:.0f} s)")
+    print(f"\n{'benchmark':<40} {'case':<48} {'ours':>10} {'XLA':>10} {'unit':<5} {'ratio':>7}  note")
+    for r in rows:
+        print(f"{r['benchmark']:<40} {r['case']:<48} {r['ours']:>10.3f} {r['xla']:>10.3f} {r['unit']:<5} "
+              f"{r['ratio']:>7.3f}  {r['note']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

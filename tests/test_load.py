@@ -1,0 +1,81 @@
+"""Load: the real server under 16 concurrent clients, mixed cached, uncached and invalid requests.
+
+Bounded: 240 requests on loopback, each with a timeout, the whole run under
+a time cap. Asserts no 5xx but the documented time-limit answer, every
+answered plan stored and readable (none lost), and `/healthz` answering
+promptly throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from conftest import CORPUS, xla_cases
+from live_server import live_server
+
+CLIENTS = 16
+CACHED = 160
+INVALID = 40
+RUN_CAP_SECONDS = 600
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{url}/plan", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_sixteen_clients_mixed_requests(tmp_path: Path) -> None:
+    small = (CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()
+    mesh = {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}
+    uncached = [{"hlo": case["hlo"]} for case in xla_cases()[:40]]
+    cached = [{"hlo": small, "mesh": mesh}] * CACHED
+    invalid = [{"hlo": case["hlo"].replace("ROOT", "ROOT ROOT", 1)} for case in xla_cases()[:INVALID]]
+    requests = [r for group in zip(uncached, cached[:40], invalid) for r in group] + cached[40:]
+    assert len(requests) >= 200
+
+    health: list[float] = []
+    stop = threading.Event()
+    with live_server(tmp_path / "plans.sqlite3") as url:
+        assert post(url, {"hlo": small, "mesh": mesh})[0] == 200  # the cached ones' first answer
+
+        def watch() -> None:
+            while not stop.is_set():
+                start = time.monotonic()
+                with urllib.request.urlopen(f"{url}/healthz", timeout=10) as r:
+                    assert r.status == 200
+                health.append(time.monotonic() - start)
+                stop.wait(0.25)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answers = list(pool.map(lambda body: post(url, body), requests))
+        elapsed = time.monotonic() - started
+        stop.set()
+        watcher.join(15)
+
+        statuses = [status for status, _ in answers]
+        assert all(s < 500 or s == 504 for s in statuses), sorted(set(statuses))
+        assert statuses.count(422) == INVALID
+        assert all("line" in body and body["line"] for status, body in answers if status == 422)
+        planned = {body["id"] for status, body in answers if status == 200}
+        assert statuses.count(200) + statuses.count(504) == len(requests) - INVALID
+        # No lost plans: every answered plan is stored, and the store has nothing else.
+        for plan_id in planned:
+            with urllib.request.urlopen(f"{url}/plans/{plan_id}", timeout=10) as r:
+                assert json.loads(r.read())["id"] == plan_id
+        with urllib.request.urlopen(f"{url}/plans?limit=500", timeout=10) as r:
+            assert {item["id"] for item in json.loads(r.read())["items"]} == planned
+    assert elapsed < RUN_CAP_SECONDS
+    assert len(health) >= 3 and max(health) < 2.0, f"healthz took up to {max(health):.2f} s"
