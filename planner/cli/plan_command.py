@@ -9,11 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.cli.memory_command import bytes_arg, chip_arg, mesh_arg
+from planner.cli.arguments import add_module_mesh_and_capacity, bytes_arg, capacity_of
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.printer import print_module
-from planner.memory import CHIPS
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
 from planner.plan.planner import make_plan
@@ -21,11 +20,7 @@ from planner.plan.planner import make_plan
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="find under-sharded buffers, their root cause, and the annotations that fix them")
-    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
-    p.add_argument("--mesh", type=mesh_arg, help="mesh axes major to minor, e.g. fsdp=4,tp=2")
-    capacity = p.add_mutually_exclusive_group()
-    capacity.add_argument("--chip", type=chip_arg, help=f"chip preset: {', '.join(CHIPS)}")
-    capacity.add_argument("--hbm", type=bytes_arg, help="HBM per chip, e.g. 32GiB")
+    add_module_mesh_and_capacity(p)
     p.add_argument("--manifest", type=Path, help="JSON: output names and parameter partition specs from the client")
     p.add_argument("--threshold", type=float, default=1.5, help="report buffers above this multiple of their ideal")
     p.add_argument("--min-bytes", type=bytes_arg, default=1 << 20, help="and wasting at least this much per chip")
@@ -47,7 +42,7 @@ def read_manifest(path: Path) -> Manifest:
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file or DEFAULT_DUMP
     module = parse_hlo(read_hlo_text(path), source=str(path))
-    capacity = args.chip if args.chip is not None else args.hbm
+    capacity = capacity_of(args)
     manifest = read_manifest(args.manifest) if args.manifest else None
     plan, patched = make_plan(
         module,

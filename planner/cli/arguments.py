@@ -1,0 +1,45 @@
+"""Arguments several commands share: the input file, the mesh and the chip's capacity."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from planner.data import DEFAULT_DUMP
+from planner.memory import CHIPS, chip, parse_bytes
+from planner.mesh import Mesh
+
+
+def mesh_arg(text: str) -> Mesh:
+    try:
+        return Mesh.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def chip_arg(text: str) -> int:
+    try:
+        return chip(text).hbm_bytes
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def bytes_arg(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_module_mesh_and_capacity(p: Any) -> None:
+    """FILE, --mesh, and --chip | --hbm (read back as `args.chip if args.chip is not None else args.hbm`)."""
+    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
+    p.add_argument("--mesh", type=mesh_arg, help="mesh axes major to minor, e.g. fsdp=4,tp=2")
+    capacity = p.add_mutually_exclusive_group()
+    capacity.add_argument("--chip", type=chip_arg, help=f"chip preset: {', '.join(CHIPS)}")
+    capacity.add_argument("--hbm", type=bytes_arg, help="HBM per chip, e.g. 32GiB or 80GB")
+
+
+def capacity_of(args: argparse.Namespace) -> int | None:
+    return args.chip if args.chip is not None else args.hbm  # type: ignore[no-any-return]
