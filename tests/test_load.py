@@ -77,5 +77,10 @@ def test_sixteen_clients_mixed_requests(tmp_path: Path) -> None:
                 assert json.loads(r.read())["id"] == plan_id
         with urllib.request.urlopen(f"{url}/plans?limit=500", timeout=10) as r:
             assert {item["id"] for item in json.loads(r.read())["items"]} == planned
+    counts = {status: statuses.count(status) for status in sorted(set(statuses))}
+    print(
+        f"load: {len(requests)} requests from {CLIENTS} clients in {elapsed:.1f} s, statuses {counts}, "
+        f"{len(planned)} plans stored, /healthz {len(health)} polls, slowest {max(health) * 1000:.0f} ms"
+    )
     assert elapsed < RUN_CAP_SECONDS
     assert len(health) >= 3 and max(health) < 2.0, f"healthz took up to {max(health):.2f} s"

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from api.deps import SettingsDep, StoreDep, WorkersDep, token_ok
 from api.planning import plan_or_cached
-from api.routes.plans import _validation_message, read_plan_request
+from api.routes.plans import read_plan_request, validation_message
 from api.views import breakdown_rows, hbm_chart, human_bytes, mesh_grids, placement_text
 from api.worker import JobFailed
 from planner.plan.model import Plan
@@ -61,7 +61,7 @@ async def submit(
     except JobFailed as e:
         return _index(request, store, settings, 0, e.message, echo, e.status)
     except ValidationError as e:
-        return _index(request, store, settings, 0, _validation_message(e), echo, 422)
+        return _index(request, store, settings, 0, validation_message(e), echo, 422)
     return RedirectResponse(f"/plans/{record.id}/view", status_code=303)
 
 

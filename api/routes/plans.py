@@ -74,7 +74,7 @@ async def read_plan_request(request: Request, limit: int) -> PlanRequest:
         if kind in ("application/json", ""):
             return PlanRequest.model_validate_json(await request.body())
     except ValidationError as e:
-        raise HTTPException(422, _validation_message(e)) from None
+        raise HTTPException(422, validation_message(e)) from None
     except JobFailed:
         raise
     except ValueError as e:
@@ -116,7 +116,7 @@ def _text(form: Any, key: str) -> str | None:
     return value.strip() or None if isinstance(value, str) else None
 
 
-def _validation_message(e: ValidationError) -> str:
+def validation_message(e: ValidationError) -> str:
     first = e.errors()[0]
     where = ".".join(str(x) for x in first["loc"]) or "body"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
