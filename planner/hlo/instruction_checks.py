@@ -44,6 +44,17 @@ def tuple_index_problem(index: object, source: Shape, operand: str) -> str | Non
     return None
 
 
+def same_shape(a: Shape, b: Shape) -> bool:
+    """Equal but for layouts. Shapes spelt alike are one object (the parser caches them): that is checked first."""
+    if a is b:
+        return True
+    if isinstance(a, ArrayShape) and isinstance(b, ArrayShape):
+        return a.element_type == b.element_type and a.dims == b.dims and a.dynamic == b.dynamic
+    if isinstance(a, TupleShape) and isinstance(b, TupleShape):
+        return len(a.elements) == len(b.elements) and all(map(same_shape, a.elements, b.elements))
+    return False
+
+
 def tuple_shape_problem(shape: Shape, operand_shapes: list[Shape]) -> str | None:
     """A tuple's declared shape must be its operands' shapes (layouts aside), as XLA's verifier requires."""
     if not isinstance(shape, TupleShape):
@@ -51,7 +62,7 @@ def tuple_shape_problem(shape: Shape, operand_shapes: list[Shape]) -> str | None
     if len(shape.elements) != len(operand_shapes):
         return f"tuple has {len(operand_shapes)} operands but its shape has {len(shape.elements)} elements"
     for i, (declared, given) in enumerate(zip(shape.elements, operand_shapes)):
-        if declared.to_text(with_layout=False) != given.to_text(with_layout=False):
+        if not same_shape(declared, given):
             return f"tuple element {i} is declared {declared.to_text(False)} but its operand is {given.to_text(False)}"
     return None
 

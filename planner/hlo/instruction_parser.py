@@ -17,12 +17,18 @@ import re
 from typing import NoReturn
 
 from planner.hlo.attribute_parser import FLAT_VALUE, called_computations, parse_attribute_list, parse_attribute_value
-from planner.hlo.instruction_checks import fit_sharding, infer_shape, tuple_index_problem, tuple_shape_problem
+from planner.hlo.instruction_checks import (
+    fit_sharding,
+    infer_shape,
+    same_shape,
+    tuple_index_problem,
+    tuple_shape_problem,
+)
 from planner.hlo.ir import Attribute, Instruction
 from planner.hlo.opcodes import ARITY, OPCODES, arity_problem
 from planner.hlo.parse_state import ParseState, PendingReference, Scope
 from planner.hlo.scanner import skip_balanced
-from planner.hlo.shape_checks import shape_problem
+from planner.hlo.shape_checks import needs_shape_check, shape_problem
 from planner.hlo.shapes import Shape, parse_optional_shape, parse_shape
 
 _NAME = r"%?[A-Za-z_0-9][\w.\-]*"
@@ -98,15 +104,20 @@ def parse_body(state: ParseState, scope: Scope) -> tuple[list[Instruction], str 
             problem = arity_problem(inst.opcode, len(inst.operands))
             if problem:
                 c.fail(problem, opcode_pos)
-        problem = shape_problem(inst, [defined[o].shape for o in inst.operands])
-        if problem:
-            c.fail(f"'{inst.name}': {problem}", opcode_pos)
+        if needs_shape_check(inst.opcode):
+            operand_shapes = [defined[o].shape for o in inst.operands]
+            key = (id(inst.attributes), id(inst.shape), *map(id, operand_shapes))
+            if key not in state.shapes_checked:
+                problem = shape_problem(inst, operand_shapes)
+                if problem:
+                    c.fail(f"'{inst.name}': {problem}", opcode_pos)
+                state.shapes_checked.add(key)
         if inst.opcode == "get-tuple-element":
             source = defined[inst.operands[0]].shape
             problem = tuple_index_problem(inst.attr("index"), source, inst.operands[0])
             if not problem:
                 element = source.elements[inst.attr("index")]  # type: ignore[union-attr]
-                if element.to_text(with_layout=False) != inst.shape.to_text(with_layout=False):
+                if not same_shape(element, inst.shape):
                     problem = (f"get-tuple-element is declared {inst.shape.to_text(False)} but element "
                                f"{inst.attr('index')} of '{inst.operands[0]}' is {element.to_text(False)}")  # fmt: skip
             if problem:

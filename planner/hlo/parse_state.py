@@ -43,6 +43,9 @@ class ParseState:
         self.attribute_cache: dict[tuple[str, str], Attribute] = {}
         # (shape text, opcode, attribute text) -> (shape, attributes, (callee, offset in attribute text))
         self.spelling_cache: dict[tuple[str, str, str], Spelling] = {}
+        # Shape checks that passed, by the identity of the (cached, shared) shape and attribute
+        # objects involved: every object keyed here lives as long as the parse, so ids stay unique.
+        self.shapes_checked: set[tuple[int, ...]] = set()
         self.references: list[PendingReference] = []
         self._newlines = [m.start() for m in re.finditer("\n", text)]
 

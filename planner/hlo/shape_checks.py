@@ -17,6 +17,11 @@ from planner.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from planner.hlo.shapes import ArrayShape, Shape
 
 Check = Callable[[Instruction, list[ArrayShape], ArrayShape], "str | None"]
+_ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE
+
+
+def needs_shape_check(opcode: str) -> bool:
+    return opcode in _CHECKS or (opcode in _ELEMENTWISE and opcode != "bitcast-convert")
 
 
 def shape_problem(inst: Instruction, operand_shapes: Sequence[Shape]) -> str | None:
