@@ -86,3 +86,18 @@ def shard_model(model: LlamaStack, mesh: object) -> None:
 
 def loss_of(model: LlamaStack, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean()
+
+
+def sgd_step(model: LlamaStack, x: torch.Tensor, lr: float = 0.05) -> torch.Tensor:
+    """One plain SGD step (forward, backward, update, then run the graph); returns the loss."""
+    import torch_xla
+
+    for p in model.parameters():
+        p.grad = None
+    loss = loss_of(model, x)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    torch_xla.sync()
+    return loss

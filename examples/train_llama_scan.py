@@ -26,7 +26,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
-from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, shard_model
+from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, sgd_step, shard_model
 
 from scan_runtime import PlannerClient, auto_plan
 
@@ -71,14 +71,7 @@ def main() -> int:
 
     spec = torch_xla._XLAC._get_xla_sharding_spec
     for step in range(args.steps):
-        for param in model.parameters():
-            param.grad = None
-        loss = loss_of(model, x)
-        loss.backward()
-        with torch.no_grad():
-            for param in model.parameters():
-                param -= 0.05 * param.grad
-        torch_xla.sync()
+        loss = sgd_step(model, x)
         unlike = sum(spec(q.grad) != spec(q) for q in model.parameters())
         print(f"step {step}: loss {loss.item():.6f}, gradients sharded unlike their weights: {unlike}")
     return 0

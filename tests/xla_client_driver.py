@@ -25,7 +25,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
-from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, shard_model
+from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, sgd_step, shard_model
 
 from scan_runtime import PlannerClient, activate, auto_plan
 
@@ -52,18 +52,7 @@ def mismatched(model: LlamaStack, x: torch.Tensor) -> list[str]:
 
 
 def sgd_losses(model: LlamaStack, x: torch.Tensor, steps: int = 3, lr: float = 0.05) -> list[float]:
-    losses = []
-    for _ in range(steps):
-        for p in model.parameters():
-            p.grad = None
-        loss = loss_of(model, x)
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= lr * p.grad
-        torch_xla.sync()
-        losses.append(float(loss.item()))
-    return losses
+    return [float(sgd_step(model, x, lr).item()) for _ in range(steps)]
 
 
 def main() -> int:
