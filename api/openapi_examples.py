@@ -69,7 +69,10 @@ def example_for(model: str) -> Any | None:
 
 # Models the bundled plan does not show (no manifest, no verification), and the service's own.
 _OTHERS: dict[str, Any] = {
-    "TorchPinInfo": {"parameter": "d.weight", "partition_spec": ["fsdp", "tp"], "call": "mark_sharding_with_gradients"},
+    "TorchPinInfo": {
+        "parameter": "d.weight", "partition_spec": ["fsdp", "tp"], "shape": [1024, 4096],
+        "call": "mark_sharding_with_gradients",
+    },
     "Verification": {  # `plan --verify` on the JAX corpus case
         "xla": "jaxlib 0.7.1 (XLA GSPMD on 8 virtual CPU devices)", "num_devices": 8,
         "before_total_bytes": 465683604, "after_total_bytes": 264357020, "predicted_saving_bytes": 216625148,

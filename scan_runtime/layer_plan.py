@@ -27,6 +27,7 @@ class LayerPlan:
 
     pins: Mapping[str, tuple[Any, ...]]
     mesh: Any  # torch_xla.distributed.spmd.Mesh
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # one layer's, as the plan saw them
     plan: Plan | None = None
     plan_id: str | None = None
     notes: tuple[str, ...] = field(default=())
@@ -41,6 +42,7 @@ class LayerPlan:
             if plan.mesh != wanted:
                 raise PlanMismatch(f"the plan is for mesh {plan.mesh}, the model runs on {wanted}")
         pins: dict[str, tuple[Any, ...]] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
         notes = []
         for p in plan.placements:
             if not p.recommended:
@@ -56,11 +58,13 @@ class LayerPlan:
                     raise PlanMismatch(f"placement {p.id} shards {p.torch.parameter} over {unknown}, "
                                        f"not axes of the mesh {names}")  # fmt: skip
                 pins[p.torch.parameter] = spec
+                if p.torch.shape:
+                    shapes[p.torch.parameter] = tuple(p.torch.shape)
             else:
                 # torch_xla gives every same-shaped pair in scan's backward one shard_as group id and
                 # offers no handle to renumber them; the plan's pins are applied, the split is not.
                 notes.append(f"{p.id}: {p.summary} has no torch_xla equivalent; not applied")
-        return LayerPlan(pins, mesh, plan, plan_id, tuple(notes))
+        return LayerPlan(pins, mesh, shapes, plan, plan_id, tuple(notes))
 
     def check_parameters(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Every pinned name is a parameter of the layer, and its spec has the parameter's rank."""
@@ -69,6 +73,10 @@ class LayerPlan:
             raise PlanMismatch(f"the plan pins {unknown}, which the scanned layer does not have "
                                f"(it has {sorted(shapes)})")  # fmt: skip
         for name, spec in self.pins.items():
+            planned = self.shapes.get(name)
+            if planned is not None and tuple(planned) != tuple(shapes[name]):
+                raise PlanMismatch(f"the plan was made for {name} of shape {tuple(planned)}, but the scanned layer's "
+                                   f"{name} has shape {tuple(shapes[name])}")  # fmt: skip
             if len(spec) != len(shapes[name]):
                 raise PlanMismatch(f"the plan pins {name} with partition spec {spec}, but {name} has "
                                    f"shape {tuple(shapes[name])}")  # fmt: skip

@@ -123,7 +123,9 @@ def _plan_with_pins() -> Plan:
 
     for p in plan.placements:
         p.recommended = True
-        p.torch = TorchPinInfo(parameter="d.weight", partition_spec=["fsdp", "tp"], call="mark_sharding_with_gradients")
+        p.torch = TorchPinInfo(
+            parameter="d.weight", partition_spec=["fsdp", "tp"], shape=[1024, 4096], call="mark_sharding_with_gradients"
+        )
     return plan
 
 
@@ -134,10 +136,15 @@ def test_plans_that_do_not_fit_are_refused_with_the_mismatch() -> None:
     assert layer_plan.pins == {"d.weight": ("fsdp", "tp")}
     with pytest.raises(PlanMismatch, match=r"the plan pins \['d.weight'\], which the scanned layer does not have"):
         layer_plan.check_parameters({"q.weight": (1024, 1024)})
-    with pytest.raises(
-        PlanMismatch, match=r"pins d.weight with partition spec \('fsdp', 'tp'\), but d.weight has shape \(4096,\)"
-    ):
-        layer_plan.check_parameters({"d.weight": (4096,)})
+    shape_message = (
+        r"made for d.weight of shape \(1024, 4096\), but the scanned layer's d.weight has shape \(256, 1024\)"
+    )
+    with pytest.raises(PlanMismatch, match=shape_message):
+        layer_plan.check_parameters({"d.weight": (256, 1024)})
+    unshaped = LayerPlan(layer_plan.pins, mesh)
+    rank_message = r"pins d.weight with partition spec \('fsdp', 'tp'\), but d.weight has shape \(4096,\)"
+    with pytest.raises(PlanMismatch, match=rank_message):
+        unshaped.check_parameters({"d.weight": (4096,)})
     with pytest.raises(PlanMismatch, match="the plan is for mesh fsdp=4,tp=2, the model runs on fsdp=8,tp=1"):
         LayerPlan.from_plan(plan, SimpleNamespace(axis_names=("fsdp", "tp"), mesh_shape=(8, 1)))
     with pytest.raises(PlanMismatch, match=r"not axes of the mesh \('data', 'model'\)"):

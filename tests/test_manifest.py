@@ -104,6 +104,16 @@ def test_manifest_names_every_gradient_and_gives_pytorch_placements() -> None:
 def test_manifest_that_does_not_fit_is_refused_with_the_mismatch() -> None:
     truth = json.loads((CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.truth.json").read_text())
     manifest = _llama_manifest(truth)
+    wrong_shape = manifest.model_copy(deep=True)
+    wrong_shape.parameters[6].shape = [4096, 1024]  # 0.d.weight is [1024, 4096]
+    with pytest.raises(
+        ValueError, match=r"'0.d.weight' has shape=\[4096, 1024\], but its stacked gradient is f32\[8,1024,4096\]"
+    ):
+        make_plan(
+            parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo"),
+            Mesh.parse("fsdp=4,tp=2"),
+            manifest=wrong_shape,
+        )
     bad = manifest.model_copy(deep=True)
     bad.parameters[6].partition_spec = ["fsdp"]  # 0.d.weight is 2-D
     module = parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo")

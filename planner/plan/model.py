@@ -73,6 +73,7 @@ class AnnotationInfo(BaseModel):
 class TorchPinInfo(BaseModel):
     parameter: str = Field(description="the parameter's name inside the scanned layer, e.g. `mlp.down.weight`")
     partition_spec: list[str | list[str] | None]
+    shape: list[int] = Field(default_factory=list, description="the parameter's shape in one layer")
     call: str = Field(description="what to call on it inside the scanned function")
 
 

@@ -49,6 +49,7 @@ class TorchPin:
 
     parameter: str
     partition_spec: tuple[AxisSpec, ...]
+    shape: tuple[int, ...]  # one layer's
     call: str = "mark_sharding_with_gradients"
 
 
@@ -84,7 +85,11 @@ def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | N
         summary=f"pin {who} and its gradient to {gradient.ideal.to_text()} inside the scanned body",
         fixes=(gradient.key,),
         annotations=tuple(annotations),
-        torch_pin=TorchPin(gradient.name, spec) if gradient.name is not None and spec is not None else None,
+        torch_pin=(
+            TorchPin(gradient.name, spec, gradient.shape.dims[1:])
+            if gradient.name is not None and spec is not None
+            else None
+        ),
     )
 
 

@@ -239,7 +239,10 @@ def _placement(p: Placement, alone: int | None, recommended: bool, why: str) -> 
     torch = None
     if p.torch_pin is not None:
         torch = TorchPinInfo(
-            parameter=p.torch_pin.parameter, partition_spec=list(p.torch_pin.partition_spec), call=p.torch_pin.call
+            parameter=p.torch_pin.parameter,
+            partition_spec=list(p.torch_pin.partition_spec),
+            shape=list(p.torch_pin.shape),
+            call=p.torch_pin.call,
         )
     return PlacementInfo(
         id=p.id,

@@ -300,6 +300,10 @@ def _manifest_spec(
         spec = list(p.partition_spec)
         if len(p.shape) == leaf.rank - 1:
             spec = [None, *spec]  # a per-layer parameter: the layer dim is not split
+        if tuple(p.shape) not in (leaf.dims, leaf.dims[1:]):
+            raise ValueError(
+                f"parameter {full!r} has shape={p.shape}, but its stacked gradient is {leaf.to_text(False)}"
+            )
         if len(spec) != leaf.rank:
             raise ValueError(
                 f"parameter {full!r} has shape={p.shape} and partition_spec={p.partition_spec}, "
