@@ -172,34 +172,38 @@ def _reduce(inst: Instruction, operands: list[ArrayShape], out: ArrayShape) -> s
     return None
 
 
-def _gather(inst: Instruction, operands: list[ArrayShape], out: ArrayShape) -> str | None:
-    operand, indices = operands[0], operands[1]
-    for key, rank in (("collapsed_slice_dims", operand.rank), ("start_index_map", operand.rank),
-                      ("operand_batching_dims", operand.rank), ("offset_dims", out.rank),
-                      ("start_indices_batching_dims", indices.rank)):  # fmt: skip
+def _index_dims_problem(inst: Instruction, limits: Sequence[tuple[str, int]], indices: ArrayShape) -> str | None:
+    """Gather and scatter name dims in several attributes, each within the rank of one operand."""
+    for key, rank in limits:
         problem = _dims_in(tuple(inst.attr(key, ())), rank, key)
         if problem:
             return problem
+    if not 0 <= inst.attr("index_vector_dim", indices.rank) <= indices.rank:
+        return f"index_vector_dim is outside the indices' rank {indices.rank}"
+    return None
+
+
+def _gather(inst: Instruction, operands: list[ArrayShape], out: ArrayShape) -> str | None:
+    operand, indices = operands[0], operands[1]
+    limits = [("collapsed_slice_dims", operand.rank), ("start_index_map", operand.rank),
+              ("operand_batching_dims", operand.rank), ("offset_dims", out.rank),
+              ("start_indices_batching_dims", indices.rank)]  # fmt: skip
+    problem = _index_dims_problem(inst, limits, indices)
+    if problem:
+        return problem
     sizes = tuple(inst.attr("slice_sizes", ()))
     if len(sizes) != operand.rank or any(not 0 <= n <= d for n, d in zip(sizes, operand.dims)):
         return f"slice_sizes={{{','.join(map(str, sizes))}}} do not fit the operand {operand.to_text(False)}"
-    if not 0 <= inst.attr("index_vector_dim", indices.rank) <= indices.rank:
-        return f"index_vector_dim is outside the indices' rank {indices.rank}"
     return None
 
 
 def _scatter(inst: Instruction, operands: list[ArrayShape], out: ArrayShape) -> str | None:
     count = len(operands) // 2  # operands..., indices, updates...
     operand, indices, update = operands[0], operands[count], operands[-1]
-    for key, rank in (("inserted_window_dims", operand.rank), ("scatter_dims_to_operand_dims", operand.rank),
-                      ("input_batching_dims", operand.rank), ("update_window_dims", update.rank),
-                      ("scatter_indices_batching_dims", indices.rank)):  # fmt: skip
-        problem = _dims_in(tuple(inst.attr(key, ())), rank, key)
-        if problem:
-            return problem
-    if not 0 <= inst.attr("index_vector_dim", indices.rank) <= indices.rank:
-        return f"index_vector_dim is outside the indices' rank {indices.rank}"
-    return None
+    limits = [("inserted_window_dims", operand.rank), ("scatter_dims_to_operand_dims", operand.rank),
+              ("input_batching_dims", operand.rank), ("update_window_dims", update.rank),
+              ("scatter_indices_batching_dims", indices.rank)]  # fmt: skip
+    return _index_dims_problem(inst, limits, indices)
 
 
 _CHECKS: dict[str, Check] = {

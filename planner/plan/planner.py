@@ -6,12 +6,15 @@ largest saving first, each kept only if the module with it and the ones kept
 before predicts less HBM per chip; the rest stay in the plan, not
 recommended, with the numbers saying why. Pinning every scanned parameter
 (what `mark_sharding_with_gradients` on every weight does) is re-simulated as
-an alternative and recommended only where it predicts less than doing
-nothing. The patched module carries the recommended placements only.
+an alternative: pins that do nothing alone can pay off together, so when it
+predicts less than both doing nothing and the greedy pick, it is the
+recommendation instead. The patched module carries the recommended
+placements only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from planner.hlo.inline import inline_calls
@@ -174,7 +177,10 @@ def make_plan(
 
 
 def _greedy(
-    candidates: list[Placement], alone: dict[str, int], before: Simulation, simulate_with: object
+    candidates: list[Placement],
+    alone: dict[str, int],
+    before: Simulation,
+    simulate_with: Callable[[list[Placement]], Simulation],
 ) -> tuple[list[Placement], Simulation, dict[str, tuple[bool, str]]]:
     """Largest saving first; each kept only if it lowers the prediction with the ones kept before."""
     chosen: list[Placement] = []
@@ -187,7 +193,7 @@ def _greedy(
                 f"alone it does not lower predicted HBM per chip ({_mb(before.total)} -> {_mb(alone[p.id])})",
             )
             continue
-        trial: Simulation = simulate_with([*chosen, p])  # type: ignore[operator]
+        trial = simulate_with([*chosen, p])
         if trial.total < after.total:
             chosen.append(p)
             verdicts[p.id] = (
