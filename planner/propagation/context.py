@@ -16,12 +16,12 @@ from planner.sharding.merge import improved_sharding
 ELEMENTWISE_EXTRA = frozenset({"rng"})
 # Ops that pass shardings at every aggressiveness (CanPropagateThroughAtAggressiveLevel).
 PASS_THROUGH = frozenset(
-    """call concatenate copy dynamic-slice dynamic-update-slice get-tuple-element optimization-barrier
+    """call concatenate copy dynamic-slice dynamic-update-slice get-tuple-element opt-barrier
     reshape tuple transpose while""".split()
 )
 # Ops SupportSpatialPartitioning accepts besides elementwise ones.
 PARTITIONABLE = frozenset(
-    """broadcast concatenate conditional constant convolution optimization-barrier dot dynamic-slice
+    """broadcast concatenate conditional constant convolution opt-barrier dot dynamic-slice
     dynamic-update-slice gather get-tuple-element infeed iota pad reduce-window reshape scatter
     select-and-scatter slice sort transpose tuple while reduce rng-bit-generator all-reduce reduce-scatter""".split()
 )

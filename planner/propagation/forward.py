@@ -13,10 +13,10 @@ from planner.sharding.reshape import propagate_through_reshape
 
 # PickRepresentativeOperand: ops that take operand 0, and ops that take the most specific operand.
 _FIRST_OPERAND = frozenset(
-    "map pad power optimization-barrier reverse slice shift-left shift-right-arithmetic shift-right-logical".split()
+    "map pad power opt-barrier reverse slice shift-left shift-right-arithmetic shift-right-logical".split()
 )
 _MOST_SPECIFIC = frozenset(
-    """abs add and atan2 bitcast-convert ceil clamp clz compare complex concatenate convert copy cosine
+    """abs add and atan2 bitcast-convert ceil clamp count-leading-zeros compare complex concatenate convert copy cosine
     all-gather all-reduce reduce-scatter all-to-all collective-broadcast collective-permute divide erf exponential
     exponential-minus-one floor imag is-finite log log-plus-one logistic maximum minimum multiply negate not or
     popcnt real reduce-precision remainder round-nearest-afz round-nearest-even rsqrt select sign sine sort sqrt
