@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from planner import parse_hlo, parse_sharding
 from planner.propagation import PropagationOptions, propagate
 
@@ -61,3 +63,26 @@ ENTRY e {
     )
     result = propagate(module, SPMD)
     assert result.sharding("a") == result.sharding("b") == parse_sharding("{devices=[4,2]<=[8]}")
+
+
+def test_iteration_backstop_names_the_instruction_that_kept_changing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A fixed point not reached in the allowed iterations is a PlanningError naming the last change."""
+    from planner.errors import PlanningError
+    from planner.propagation import driver
+
+    module = parse_hlo(
+        """HloModule m
+
+ENTRY e {
+  p = f32[8,16] parameter(0), sharding={devices=[4,2]<=[8]}
+  n = f32[8,16] negate(p)
+  ROOT c = f32[8,16] copy(n)
+}
+"""
+    )
+    monkeypatch.setattr(driver, "_MAX_ITERATIONS", 1)
+    with pytest.raises(
+        PlanningError,
+        match=r"did not reach a fixed point in 1 iterations .*'n' \(negate in computation 'e', line 5\) kept changing, last to \{devices=\[4,2\]<=\[8\]\}",
+    ):
+        propagate(module, SPMD)

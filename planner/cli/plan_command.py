@@ -66,6 +66,8 @@ def _mib(n: int) -> str:
 def render_plan(plan: Plan) -> str:
     hbm = plan.hbm
     lines = [f"plan for {plan.module}" + (f" on mesh {plan.mesh}" if plan.mesh else "")]
+    if plan.partitioner != "gspmd":
+        lines.append(f"  partitioner: {plan.partitioner}")
     capacity = f" of {_mib(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
     lines.append(
         f"  HBM per chip: {_mib(hbm.total_before)} -> {_mib(hbm.total_after)}{capacity} "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from planner.hlo.frontend_attributes import read_frontend_attributes
 from planner.hlo.scanner import Cursor
 from planner.sharding.text import parse_sharding_at
 
@@ -265,21 +266,6 @@ def read_metadata(cursor: Cursor) -> Metadata:
         cursor.fail("malformed metadata", start)
     cursor.pos = whole.end()
     return Metadata(tuple(_METADATA_FIELD.findall(cursor.text, start + 1, whole.end() - 1)))
-
-
-def read_frontend_attributes(cursor: Cursor) -> tuple[tuple[str, str], ...]:
-    cursor.expect("{", "to open frontend_attributes={...}")
-    items: list[tuple[str, str]] = []
-    if not cursor.try_literal("}"):
-        while True:
-            key = cursor.match(_WORD, "an attribute name").group(0)
-            cursor.expect("=")
-            value = cursor.parse_string()[1:-1] if cursor.peek() == '"' else cursor.match(_WORD, "a value").group(0)
-            items.append((key, value))
-            if cursor.try_literal("}"):
-                break
-            cursor.expect(",", "or '}' in frontend_attributes")
-    return tuple(items)
 
 
 def read_backend_config(cursor: Cursor) -> Any:

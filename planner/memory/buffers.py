@@ -2,7 +2,7 @@
 
 A value is one array leaf produced by one instruction. Values that XLA keeps
 in one allocation form a buffer:
-- views do not allocate: get-tuple-element, tuple, bitcast, and reshapes
+- views do not allocate: get-tuple-element, tuple, opt-barrier, bitcast, and reshapes
   (with the default layouts XLA's layout assignment gives, they are bitcasts);
 - a While's carried element lives in one buffer with its init element, the
   body's parameter and root elements (XLA copies the init only if it is an
@@ -35,7 +35,7 @@ FUSIBLE = (
 )
 # Ops XLA's fusion duplicates into every consumer rather than materialise.
 _CHEAP = frozenset("broadcast reshape iota slice convert".split())
-_VIEWS = frozenset({"get-tuple-element", "tuple", "bitcast", "reshape", "parameter"})
+_VIEWS = frozenset({"get-tuple-element", "tuple", "bitcast", "reshape", "parameter", "opt-barrier"})
 
 
 @dataclass

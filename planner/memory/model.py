@@ -125,6 +125,10 @@ class _Model:
             base = _offsets(operands[0].shape)[inst.attr("index")]
             for i in range(len(leaves)):
                 self._view(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
+        elif op == "opt-barrier":
+            # XLA's dataflow forwards the operand's buffers through the barrier, leaf by leaf.
+            for i in range(len(leaves)):
+                self._view(self.value(comp.name, operands[0].name, i), self.value(comp.name, inst.name, i))
         elif op == "tuple":
             k = 0
             for operand in operands:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.hlo.inline import inline_calls
+from planner.hlo.shardy_import import resolve_mesh, to_gspmd
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
 from planner.memory.buffers import Buffer
@@ -77,7 +78,8 @@ def memory_report(
 
     `options` default to the module header's, as XLA's compile takes them.
     """
-    inlined = inline_calls(module).module
+    mesh = resolve_mesh(module, mesh)
+    inlined = inline_calls(to_gspmd(module)).module
     if result is None:
         result = propagate(inlined, options or PropagationOptions.from_module(module), inline=False)
     partitions = module.attr("num_partitions")

@@ -143,6 +143,10 @@ class Plan(BaseModel):
     module: str
     num_partitions: int | None
     mesh: str | None
+    partitioner: str = Field(
+        default="gspmd",
+        description="the partitioner the module was written for (`shardy, simulated with GSPMD rules` for Shardy)",
+    )
     loops: list[LoopInfo]
     hbm: HbmInfo
     findings: list[FindingInfo]

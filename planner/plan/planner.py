@@ -21,6 +21,7 @@ from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
 from planner.hlo.shapes import ArrayShape
+from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_gspmd
 from planner.memory import MemoryReport, memory_report
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.mesh import Mesh
@@ -85,10 +86,11 @@ def make_plan(
     With `verify`, real XLA compiles the original and the patched module (see `verify`).
     """
     options = options or PropagationOptions.from_module(module)
+    mesh = resolve_mesh(module, mesh)
     _check_mesh(module, mesh)
     if manifest is not None:
         _check_manifest(module, manifest)
-    inlined = inline_calls(module).module
+    inlined = inline_calls(to_gspmd(module)).module
     before = simulate(inlined, options, mesh, capacity_bytes)
     num_devices = before.memory.num_devices
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
@@ -152,6 +154,7 @@ def make_plan(
         module=module.name,
         num_partitions=module.attr("num_partitions"),
         mesh=mesh.to_text() if mesh is not None else None,
+        partitioner=_partitioner_note(module),
         loops=_loops(before, after),
         hbm=HbmInfo(
             capacity_bytes=capacity_bytes,
@@ -209,6 +212,12 @@ def _greedy(
                 f"placements above it does not ({_mb(after.total)} -> {_mb(trial.total)})",
             )
     return chosen, after, verdicts
+
+
+def _partitioner_note(module: HloModule) -> str:
+    if partitioner_of(module) == SHARDY:
+        return "shardy, simulated with GSPMD rules"
+    return partitioner_of(module)
 
 
 def _check_mesh(module: HloModule, mesh: Mesh | None) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.hlo.inline import inline_calls
+from planner.hlo.shardy_import import to_gspmd
 from planner.hlo.ir import HloModule
 from planner.propagation.driver import Propagator
 from planner.propagation.graph import Provenance
@@ -109,7 +110,7 @@ def propagate(module: HloModule, options: PropagationOptions | None = None, inli
     options = options if options is not None else PropagationOptions.from_module(module)
     aliases: dict[str, str] = {}
     if inline:
-        inlined = inline_calls(module)
+        inlined = inline_calls(to_gspmd(module))
         module, aliases = inlined.module, inlined.aliases
     propagator = Propagator(module, options)
     propagator.run()

@@ -266,8 +266,17 @@ def _reduce(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloShardin
     return s
 
 
-def _sort_or_window(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+def _sort(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
     return sub_sharding(us, user.shape, user.operand_index(node)) if us.is_tuple else us
+
+
+def _reduce_window(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
+    # Only the data inputs (the first half of the operands) take the output's sharding;
+    # the scalar init values after them do not (GetShardingFromUser's kReduceWindow case).
+    index = user.operand_index(node)
+    if index >= len(user.operands) // 2:
+        return None
+    return sub_sharding(us, user.shape, index) if us.is_tuple else us
 
 
 def _custom_call(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
@@ -338,8 +347,8 @@ _RULES = {
     "dot": _dot,
     "convolution": _convolution,
     "reduce": _reduce,
-    "sort": _sort_or_window,
-    "reduce-window": _sort_or_window,
+    "sort": _sort,
+    "reduce-window": _reduce_window,
     "custom-call": _custom_call,
     "outfeed": _outfeed,
     "gather": _gather,

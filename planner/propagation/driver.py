@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from planner.errors import PlanningError
 from planner.hlo.ir import Attribute, HloModule
 from planner.propagation.backward import infer_from_users
 from planner.propagation.context import Context
@@ -37,6 +38,8 @@ class Propagator:
         self.group_kind: dict[int, bool] = {}  # id -> shard_as
         self.group_of: dict[int, int] = {}  # id(node) -> group id
         self.renamed: dict[str, str] = {}
+        # The last node whose sharding changed: named if the fixed point is never reached.
+        self.last_changed: Node | None = None
 
     # -- set-up ---------------------------------------------------------------
 
@@ -179,6 +182,7 @@ class Propagator:
                         done_group.discard(id(member))
 
         def after_change(node: Node) -> None:
+            self.last_changed = node
             changed: list[Node] = []
             self.computation_propagation(node, changed)
             clear_cache(node)
@@ -212,7 +216,7 @@ class Propagator:
         while changed_last:
             ctx.iteration += 1
             if ctx.iteration > _MAX_ITERATIONS:
-                raise RuntimeError("sharding propagation did not reach a fixed point")
+                raise self._no_fixed_point()
             changed_last = False
             for comp in list(g.computations):
                 order = g.post_order(comp)
@@ -226,6 +230,19 @@ class Propagator:
                         changed_last = True
                 changed_last |= phase(order, done_fwd, infer_from_operands, self.unspecified_from_operand)
                 changed_last |= phase(reversed(order), done_bwd, infer_from_users, self.unspecified_from_users)
+
+    def _no_fixed_point(self) -> PlanningError:
+        node = self.last_changed
+        what = (
+            "no instruction changed"
+            if node is None
+            else (
+                f"'{node.name}' ({node.opcode} in computation '{node.computation}', line {node.inst.line}) kept "
+                f"changing, last to {node.sharding.to_text() if node.sharding is not None else 'no sharding'}"
+            )
+        )
+        return PlanningError(f"sharding propagation did not reach a fixed point in {_MAX_ITERATIONS:,} "
+                             f"iterations at aggressiveness {self.ctx.aggressiveness}: {what}")  # fmt: skip
 
     def _refinable(self, node: Node) -> bool:
         """A frozen partial annotation may still learn its unspecified dims."""

@@ -1,0 +1,168 @@
+"""A Shardy module in GSPMD's terms, so that GSPMD's propagation rules can run on it.
+
+Plans of Shardy modules are simulated with GSPMD's rules (and say so). What
+Shardy writes maps onto GSPMD's vocabulary as follows:
+- `xla.sdy.sharding` on an instruction with no `sharding=`: that sharding, as
+  an HloSharding (JAX writes both forms; XLA's own Shardy dumps may carry only
+  the Shardy one);
+- a `Sharding` custom-call whose Shardy sharding has open dims (`{?}`,
+  `{"x", ?}`): those dims become GSPMD's `unspecified_dims`, which JAX writes
+  for the same constraint under GSPMD (`P.UNCONSTRAINED`);
+- `xla.sdy.FuncResultSharding` (the function's result sharding): a `Sharding`
+  custom-call;
+- `xla.sdy.ShardingGroup` (shard_alike): its operand joins a `shard_as`
+  group, numbered after the groups the module already has.
+The module's mesh (`xla.sdy.meshes`) gives the planner the mesh axes' names
+and sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner.errors import UnsupportedHlo
+from planner.hlo.frontend_attributes import MESHES, FrontendAttributes
+from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
+from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.mesh import Mesh
+from planner.sharding.hlo_sharding import HloSharding, ShardGroup
+from planner.sharding.shardy import SdyMesh, TensorSharding, to_hlo_sharding
+
+GSPMD = "gspmd"
+SHARDY = "shardy"
+FUNC_RESULT_SHARDING = "xla.sdy.FuncResultSharding"
+SHARDING_GROUP = "xla.sdy.ShardingGroup"
+
+
+def module_meshes(module: HloModule) -> dict[str, SdyMesh]:
+    attrs = module.attr("frontend_attributes")
+    if isinstance(attrs, FrontendAttributes) and attrs.sdy_meshes:
+        return attrs.sdy_meshes
+    return {}
+
+
+def partitioner_of(module: HloModule) -> str:
+    """`shardy` when the module carries Shardy's attributes, else `gspmd`."""
+    if module_meshes(module):
+        return SHARDY
+    for comp in module.computations:
+        for inst in comp.instructions:
+            attrs = inst.attr("frontend_attributes")
+            if isinstance(attrs, FrontendAttributes) and (attrs.sdy_sharding or attrs.sdy_group is not None):
+                return SHARDY
+    return GSPMD
+
+
+def module_mesh(module: HloModule) -> Mesh | None:
+    """The module's one device mesh, when it declares exactly one (maximal meshes aside)."""
+    meshes = {name: m for name, m in module_meshes(module).items() if m.axes and not m.is_maximal}
+    distinct = {(m.axes, m.device_ids) for m in meshes.values()}
+    if len(distinct) != 1:
+        return None
+    mesh = next(iter(meshes.values()))
+    return Mesh(tuple(s for _, s in mesh.axes), tuple(n for n, _ in mesh.axes), mesh.device_ids)
+
+
+def resolve_mesh(module: HloModule, given: Mesh | None) -> Mesh | None:
+    """The mesh to plan with: the module's own when it has one; a different `given` mesh is an error."""
+    own = module_mesh(module)
+    if own is None:
+        return given
+    if given is not None and (given.shape, given.axis_names, given.device_ids) != (
+        own.shape,
+        own.axis_names,
+        own.device_ids,
+    ):
+        raise ValueError(
+            f"--mesh {given.to_text()} conflicts with the mesh the module declares "
+            f"({MESHES}: {own.to_text()}); leave --mesh out or make them agree"
+        )
+    return own
+
+
+def to_gspmd(module: HloModule) -> HloModule:
+    """`module` with its Shardy attributes carried over to GSPMD's (see the module docstring)."""
+    if partitioner_of(module) != SHARDY:
+        return module
+    meshes = module_meshes(module)
+    next_group = [_max_group_id(module) + 1]
+    group_ids: dict[int, int] = {}
+    computations = []
+    for comp in module.computations:
+        insts = tuple(_convert(comp, inst, meshes, group_ids, next_group) for inst in comp.instructions)
+        computations.append(dataclasses.replace(comp, instructions=insts))
+    return dataclasses.replace(module, computations=tuple(computations))
+
+
+def _convert(
+    comp: Computation, inst: Instruction, meshes: dict[str, SdyMesh], groups: dict[int, int], next_group: list[int]
+) -> Instruction:
+    attrs = inst.attr("frontend_attributes")
+    if not isinstance(attrs, FrontendAttributes):
+        return inst
+    target = inst.attr("custom_call_target") if inst.opcode == "custom-call" else None
+    if target == SHARDING_GROUP and attrs.sdy_group is not None:
+        gid = groups.setdefault(attrs.sdy_group, next_group[0])
+        next_group[0] = max(next_group[0], gid + 1)
+        # The group marker's own shape is `()`; as a Sharding custom-call it takes its operand's.
+        operand_shape = comp[inst.operands[0]].shape
+        sharding = HloSharding.unknown().with_shard_group(ShardGroup(gid, shard_as=True))
+        return dataclasses.replace(
+            inst,
+            shape=operand_shape,
+            attributes=(_word("custom_call_target", "Sharding"), _sharding(sharding)),
+        )
+    if attrs.sdy_sharding is None:
+        return inst
+    attributes = list(inst.attributes)
+    if inst.sharding is None:
+        attributes.append(_sharding(_hlo_sharding(inst, attrs.sdy_sharding, meshes)))
+    if target == FUNC_RESULT_SHARDING:
+        attributes = [_word("custom_call_target", "Sharding") if a.key == "custom_call_target" else a
+                      for a in attributes if a.key != "custom_call_has_side_effect"]  # fmt: skip
+        target = "Sharding"
+    if target == "Sharding" and not inst.has_attr("backend_config"):
+        open_dims = attrs.sdy_sharding[0].open_dims if len(attrs.sdy_sharding) == 1 else ()
+        if open_dims:
+            text = f'"unspecified_dims=[{",".join(map(str, open_dims))}]"'
+            attributes.append(Attribute("backend_config", text[1:-1], text))
+    return dataclasses.replace(inst, attributes=tuple(attributes))
+
+
+def _hlo_sharding(inst: Instruction, values: tuple[TensorSharding, ...], meshes: dict[str, SdyMesh]) -> HloSharding:
+    leaves = inst.shape.leaves() if isinstance(inst.shape, TupleShape) else (inst.shape,)
+    if len(values) != len(leaves):
+        raise UnsupportedHlo(
+            f"line {inst.line}: '{inst.name}' has {len(values)} Shardy shardings for {len(leaves)} results"
+        )
+    try:
+        converted = [to_hlo_sharding(v, meshes, leaf.rank) for v, leaf in zip(values, leaves)
+                     if isinstance(leaf, ArrayShape)]  # fmt: skip
+    except ValueError as e:
+        raise UnsupportedHlo(f"line {inst.line}: the Shardy sharding of '{inst.name}': {e}") from None
+    if isinstance(inst.shape, TupleShape):
+        return HloSharding.tuple_of(tuple(converted))
+    return converted[0]
+
+
+def _sharding(sharding: HloSharding) -> Attribute:
+    return Attribute("sharding", sharding, sharding.to_text())
+
+
+def _word(key: str, value: str) -> Attribute:
+    return Attribute(key, value, f'"{value}"')
+
+
+def _max_group_id(module: HloModule) -> int:
+    ids = [
+        e.shard_group.id
+        for comp in module.computations
+        for inst in comp.instructions
+        if inst.sharding is not None
+        for e in (inst.sharding.elements if inst.sharding.is_tuple else (inst.sharding,))
+        if e.shard_group is not None
+    ]
+    return max(ids, default=-1)
+
+
+__all__ = ["GSPMD", "SHARDY", "module_mesh", "partitioner_of", "resolve_mesh", "to_gspmd"]
