@@ -18,8 +18,8 @@ test: lint chromium
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-full
-	$(BIN)/ruff check planner api scan_runtime tests bench examples
-	$(BIN)/ruff format --check planner api scan_runtime tests bench examples
+	$(BIN)/ruff check planner api scan_runtime fidelity tests bench examples
+	$(BIN)/ruff format --check planner api scan_runtime fidelity tests bench examples
 	$(BIN)/mypy
 
 $(VENV)/bin/python:

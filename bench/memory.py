@@ -3,8 +3,9 @@
     .venv/bin/python bench/memory.py
 
 1. For each case with XLA's numbers (torch_xla truth.json: torch_xla's own
-   CPU buffer assignment; JAX xla.json: compiled memory stats), our predicted
-   bytes per device next to XLA's, with the relative error.
+   CPU buffer assignment; JAX xla.json: compiled memory stats), the corpus and
+   the generated remat/Shardy fixtures, our predicted bytes per device next to
+   XLA's, with the relative error.
 2. For the largest corpus file: the time of our estimate (parse + propagate +
    memory) against jaxlib's SPMD compile of the same text on 8 CPU devices.
 """
@@ -29,6 +30,8 @@ from planner.propagation import PropagationOptions  # noqa: E402
 from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
+# Remat and Shardy steps made by `python -m fidelity.generate`, with XLA's numbers.
+GENERATED = REPO / "tests" / "fixtures" / "generated"
 
 
 def largest_corpus_file() -> Path:
@@ -39,8 +42,10 @@ def accuracy_table() -> None:
     import json
 
     print(f"{'case':<44} {'ours MB':>9} {'XLA MB':>9} {'error':>7} {'ours s':>7}")
-    cases = sorted((SHARED / "corpus").glob("torch_xla/*.truth.json")) + sorted(
-        (SHARED / "corpus").glob("jax/*.xla.json")
+    cases = (
+        sorted((SHARED / "corpus").glob("torch_xla/*.truth.json"))
+        + sorted((SHARED / "corpus").glob("jax/*.xla.json"))
+        + sorted(GENERATED.glob("*.xla.json"))
     )
     for truth in cases:
         data = json.loads(truth.read_text())

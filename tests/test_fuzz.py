@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from conftest import CORPUS, xla_cases
 from hypothesis import HealthCheck, given, settings
@@ -30,7 +31,13 @@ from planner.plan.planner import make_plan
 
 EXAMPLES = int(os.environ.get("SPMD_FUZZ_EXAMPLES", "150"))
 SECONDS_PER_INPUT = 30
-SEEDS = [case["hlo"] for case in xla_cases()] + [(CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()]
+FIXTURES = Path(__file__).parent / "fixtures"
+SEEDS = (
+    [case["hlo"] for case in xla_cases()]
+    + [p.read_text() for p in sorted((Path(__file__).parent / "golden").glob("*.hlo"))]
+    + [(FIXTURES / "shardy_constraints.hlo").read_text()]
+    + [(CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()]
+)
 _TOKEN = re.compile(r"[%\w.\-]+|[{}()\[\],=:]")
 
 

@@ -22,16 +22,8 @@ from planner.sharding.shardy import parse_sharding as parse_sdy
 
 HERE = Path(__file__).resolve().parent
 
-MODULE = """HloModule m, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["fsdp"=4, "tp"=2]>}}
-
-ENTRY e {
-  p = f32[16,8]{1,0} parameter(0), frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{\\"fsdp\\"}, {\\"tp\\"}]>"}
-  n = f32[16,8]{1,0} negate(p)
-  c = f32[16,8]{1,0} custom-call(n), custom_call_target="Sharding", frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{?}, {\\"tp\\"}]>]>"}
-  g = () custom-call(c), custom_call_target="xla.sdy.ShardingGroup", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding_group_id="0 : i64"}
-  ROOT r = f32[16,8]{1,0} custom-call(c), custom_call_target="xla.sdy.FuncResultSharding", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{\\"fsdp\\", \\"tp\\"}, {}]>]>"}
-}
-"""
+# Every Shardy form JAX writes: a parameter sharding, a constraint with an open dim, shard_alike, a result sharding.
+MODULE = (HERE / "fixtures" / "shardy_constraints.hlo").read_text()
 
 
 def hlo(text: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
+from planner.hlo.shardy_import import module_mesh, partitioner_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,8 @@ class ModuleSummary:
     num_entry_parameters: int
     entry_parameter_bytes: int
     num_partitions: int | None
+    partitioner: str  # gspmd | shardy
+    mesh: str | None  # the mesh a Shardy module declares
     opcode_counts: dict[str, int]
     while_loops: tuple[LoopSummary, ...]
 
@@ -52,6 +55,8 @@ def summarize(module: HloModule, text_bytes: int) -> ModuleSummary:
         num_entry_parameters=len(params),
         entry_parameter_bytes=sum(p.shape.byte_size for p in params),
         num_partitions=partitions,
+        partitioner=partitioner_of(module),
+        mesh=mesh.to_text() if (mesh := module_mesh(module)) is not None else None,
         opcode_counts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
         while_loops=tuple(
             LoopSummary(
@@ -77,6 +82,8 @@ def render_summary(summary: ModuleSummary) -> str:
     ]
     if summary.num_partitions is not None:
         lines.append(f"  num_partitions: {summary.num_partitions}")
+    if summary.partitioner != "gspmd":
+        lines.append(f"  partitioner: {summary.partitioner}" + (f", mesh {summary.mesh}" if summary.mesh else ""))
     lines.append(f"  while loops: {len(summary.while_loops)}")
     for loop in summary.while_loops:
         trips = (

@@ -1,0 +1,9 @@
+"""Reference fixtures from real front ends: build a training step, let XLA lower and compile it, record what it decided.
+
+`python -m fidelity.generate --out DIR` writes NAME.hlo and NAME.xla.json for every case in `CASES`.
+Importing this package imports neither jax nor torch: the runners set XLA's flags first.
+"""
+
+from fidelity.cases import CASES, Case, LlamaSize, MeshSpec, case_named
+
+__all__ = ["CASES", "Case", "LlamaSize", "MeshSpec", "case_named"]

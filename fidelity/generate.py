@@ -1,0 +1,69 @@
+"""Generate the reference fixtures: NAME.hlo and NAME.xla.json for every case.
+
+    python -m fidelity.generate --out tests/fixtures/generated [--only NAME ...] [--dumps DIR]
+
+Each case runs in a subprocess of its own front end's runner: XLA's flags, the device count and
+torch_xla's runtime are fixed when a process first imports jax or torch_xla, and the two front ends
+must not share a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fidelity.cases import CASES, Case, case_named
+
+RUNNERS = {"jax": "fidelity.run_jax", "torch_xla": "fidelity.run_torch_xla"}
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_case(case: Case, out_dir: Path, dumps: Path | None) -> bool:
+    cmd = [sys.executable, "-m", RUNNERS[case.front_end], case.name, "--out", str(out_dir)]
+    if dumps is not None:
+        cmd += ["--dumps", str(dumps / case.name)]
+    env = dict(os.environ)
+    # The package is not installed: the child finds it through the project root.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        print(f"FAILED {case.name} ({seconds:.1f} s):\n{done.stderr[-4000:]}", file=sys.stderr)
+        return False
+    print(summary(out_dir / f"{case.name}.xla.json", seconds))
+    return True
+
+
+def summary(record_path: Path, seconds: float) -> str:
+    record = json.loads(record_path.read_text())
+    total = record.get("memory", {}).get("total_bytes", record.get("xla_per_device_total_bytes", 0))
+    return (
+        f"{record['name']}: {total / 2**20:,.1f} MiB per device, compile {record['compile_seconds']:.1f} s, "
+        f"opt-barrier x{record['opt_barrier_count']}, {seconds:.1f} s in all"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="directory for NAME.hlo and NAME.xla.json")
+    ap.add_argument("--only", action="append", metavar="NAME", help="run only this case (repeatable)")
+    ap.add_argument("--dumps", type=Path, help="keep each case's XLA dump in DIR/NAME")
+    args = ap.parse_args(argv)
+    cases = [case_named(n) for n in args.only] if args.only else list(CASES)
+    out_dir = args.out.resolve()
+    dumps = args.dumps.resolve() if args.dumps else None
+    failed = [c.name for c in cases if not run_case(c, out_dir, dumps)]
+    if failed:
+        print(f"{len(failed)} of {len(cases)} cases failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
