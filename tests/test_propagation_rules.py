@@ -86,3 +86,27 @@ ENTRY e {
         match=r"did not reach a fixed point in 1 iterations .*'n' \(negate in computation 'e', line 5\) kept changing, last to \{devices=\[4,2\]<=\[8\]\}",
     ):
         propagate(module, SPMD)
+
+
+def test_opcodes_without_a_rule_parse_and_are_left_unknown_with_a_reason() -> None:
+    module = parse_hlo(
+        """HloModule m
+
+ENTRY e {
+  p = f32[8,16] parameter(0), sharding={devices=[4,1]<=[4]}
+  s = f32[16] parameter(1)
+  o = f32[16] parameter(2)
+  bn = (f32[8,16], f32[16], f32[16]) batch-norm-training(p, s, o), epsilon=0.001, feature_index=1
+  cs = (f32[8,16], f32[8,16], u32[]) copy-start(p)
+  cd = f32[8,16] copy-done(cs)
+  ROOT t = (f32[8,16], f32[8,16]) tuple(cd, p)
+}
+"""
+    )
+    result = propagate(module, SPMD)
+    assert result.unknown == {
+        "bn": "no propagation rule for batch-norm-training",
+        "cs": "no propagation rule for copy-start",
+        "cd": "no propagation rule for copy-done",
+    }
+    assert result.sharding("bn") is None and result.sharding("cd") is None
