@@ -99,11 +99,28 @@ class Case:
         }
 
 
+LLAMA_405B = LlamaSize(
+    num_layers=126,
+    hidden_size=16384,
+    ffn_size=53248,
+    num_heads=128,
+    num_kv_heads=8,
+    head_size=128,
+    batch_size=64,
+    seq_len=2048,
+    dtype="bfloat16",
+)
+
 CASES: tuple[Case, ...] = (
     Case("jax_llama_remat_L8_fsdp4_tp2", "jax", "gspmd", "checkpoint", LlamaSize(num_layers=8)),
     Case("jax_llama_shardy_L8_fsdp4_tp2", "jax", "shardy", None, LlamaSize(num_layers=8)),
     Case("jax_llama_shardy_remat_L8_fsdp4_tp2", "jax", "shardy", "checkpoint", LlamaSize(num_layers=8)),
     Case("torch_xla_llama_remat_L4_fsdp4_tp2", "torch_xla", "gspmd", "min_cut", LlamaSize(num_layers=4)),
+    # Remat at scale: Llama 3.1 405B's shapes (GQA, bf16) on 256 devices, lowered from abstract inputs.
+    *(
+        Case(f"jax_llama405b_{name}_L126_fsdp64_tp4", "jax", partitioner, "checkpoint", LLAMA_405B, MeshSpec((64, 4)))
+        for name, partitioner in (("remat", "gspmd"), ("shardy_remat", "shardy"))
+    ),
 )
 
 
