@@ -104,6 +104,11 @@ MUTATIONS = [truncate, delete_brace, huge_dims, wrong_arity, while_cycle, unicod
 def mutated(draw: st.DrawFn) -> str:
     # One draw in four mutates the torch_xla step (a real scan, slow to plan), the rest XLA's small cases.
     text = SEEDS[-1] if draw(st.integers(0, 3)) == 0 else draw(st.sampled_from(SEEDS[:-1]))
+    return mutate(draw, text)
+
+
+def mutate(draw: st.DrawFn, text: str) -> str:
+    """One to three mutations of `text`: swapped tokens or one of MUTATIONS."""
     for _ in range(draw(st.integers(1, 3))):
         if draw(st.booleans()):
             text = swap_tokens(text, draw(st.floats(0, 1)), draw(st.floats(0, 1)))

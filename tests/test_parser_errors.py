@@ -107,9 +107,9 @@ CASES = [
         HEAD + "a {\n  p = f32[] parameter(0)\n  ROOT c = f32[] call(p), to_apply=b\n}\n\n"
         "b {\n  p = f32[] parameter(0)\n  ROOT c = f32[] call(p), to_apply=a\n}\n\n"
         "ENTRY e {\n  p = f32[] parameter(0)\n  ROOT c = f32[] call(p), to_apply=a\n}\n",
-        10,
+        5,
         27,
-        "computations call each other in a cycle: a -> b -> a",
+        "computation 'b' is not defined before its use in 'a'",
     ),
     (
         "tile_count_mismatch",

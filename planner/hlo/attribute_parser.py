@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from planner.hlo.attributes import COMPUTATION_ATTRIBUTES, READERS, ComputationRefs, Raw
+from planner.hlo.attributes import COMPUTATION_ATTRIBUTES, READERS, WHOLE_VALUE_READERS, ComputationRefs, Raw
 from planner.hlo.ir import Attribute
 from planner.hlo.parse_state import ParseState, PendingReference
 from planner.hlo.scanner import skip_balanced
@@ -17,11 +17,13 @@ from planner.hlo.scanner import skip_balanced
 _ATTR_KEY = re.compile(r"([A-Za-z_][\w\-]*)\s*=")
 _RAW_RUN = re.compile(r'[^\s,{}()\[\]"]+')
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-# A plain run, or braces with no nested braces (quoted strings allowed inside).
-FLAT_VALUE = r"(?:[^\s,{}()\[\]\"]+|\{(?:[^{}\"\n]|\"(?:[^\"\\\n]|\\.)*\")*\})"
+# A plain run, or braces with no nested braces (quoted strings allowed inside). Each character
+# can be read only one way, so the possessive quantifiers change nothing but the speed.
+FLAT_VALUE = r"(?:[^\s,{}()\[\]\"]++|\{(?:[^{}\"\n]++|\"(?:[^\"\\\n]++|\\.)*+\")*+\})"
 _FLAT_ATTRIBUTE = re.compile(rf"\s*,\s*([A-Za-z_][\w\-]*)=({FLAT_VALUE})(?=[\s,]|$)")
 # A typed value must end at a separator; anything else right after it is junk.
 _VALUE_END = re.compile(r"\s|,|/\*|//|\}|$")
+_ENDS_VALUE = frozenset(" \t\n,}")
 
 
 def parse_attribute_list(state: ParseState, caller: str | None = None) -> tuple[Attribute, ...]:
@@ -36,8 +38,11 @@ def parse_attribute_list(state: ParseState, caller: str | None = None) -> tuple[
             key, key_pos = flat.group(1), flat.start(1)
             attribute = state.attribute_cache.get((key, flat.group(2)))
             if attribute is None:
-                c.pos = flat.start(2)
-                attribute = state.attribute_cache[(key, flat.group(2))] = parse_attribute_value(state, key)
+                attribute = read_whole_value(key, flat.group(2))
+                if attribute is None:
+                    c.pos = flat.start(2)
+                    attribute = parse_attribute_value(state, key)
+                state.attribute_cache[(key, flat.group(2))] = attribute
             c.pos = flat.end()
         elif c.try_literal(","):
             key_pos = c.skip_space()
@@ -60,6 +65,20 @@ def called_computations(attribute: Attribute) -> tuple[str, ...]:
     return ()
 
 
+def read_whole_value(key: str, text: str) -> Attribute | None:
+    """`key=text` for a value already delimited (followed by a separator), when its reader would
+    read all of it in one step; None when it needs `parse_attribute_value`."""
+    reader = READERS.get(key)
+    if reader is None:
+        # A plain run is kept verbatim, as `_scan_raw_value` would read it.
+        return Attribute(key, Raw(text), text) if _RAW_RUN.fullmatch(text) else None
+    whole = WHOLE_VALUE_READERS.get(reader)
+    if whole is None:
+        return None
+    value = whole(text)
+    return None if value is None else Attribute(key, value, text)
+
+
 def parse_attribute_value(state: ParseState, key: str) -> Attribute:
     c = state.cursor
     start = c.skip_space()
@@ -71,7 +90,7 @@ def parse_attribute_value(state: ParseState, key: str) -> Attribute:
         value = reader(c)
     except ValueError as e:
         c.fail(f"bad value for {key}: {e}", start)
-    if _VALUE_END.match(state.text, c.pos) is None:
+    if state.text[c.pos : c.pos + 1] not in _ENDS_VALUE and _VALUE_END.match(state.text, c.pos) is None:
         c.fail(f"unexpected {c.describe_next()} after the value of '{key}'")
     return Attribute(key, value, state.text[start : c.pos])
 

@@ -22,12 +22,14 @@ _INT_LIST = re.compile(r"\{\s*(-?\d+(?:\s*,\s*-?\d+)*)?\s*\}")
 _WORD = re.compile(r"[A-Za-z_][\w\-]*")
 _BOOL = re.compile(r"true|false")
 _SLICE_DIM = re.compile(r"\[\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?\]")
+_SLICE_BOUNDS = re.compile(r"\[(-?\d+):(-?\d+)(?::(-?\d+))?\]")
+_PLAIN_SLICE = re.compile(rf"\{{{_SLICE_BOUNDS.pattern}(?:, {_SLICE_BOUNDS.pattern})*\}}")
 _PADDING = re.compile(r"-?\d+_-?\d+(?:_-?\d+)?(?:x-?\d+_-?\d+(?:_-?\d+)?)*")
 _DIM_LABELS = re.compile(r"([\w?]+)_([\w?]+)->([\w?]+)")
 _WINDOW_FIELD = re.compile(r"(size|stride|pad|lhs_dilate|rhs_dilate|rhs_reversal)=([\d_x\-]+)")
-_METADATA_FIELD = re.compile(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|[^\s}"][^\s}]*)')
-# `{field field ...}` read in one match.
-_METADATA = re.compile(r'\{\s*(?:[a-z_]+=(?:"(?:[^"\\]|\\.)*"|[^\s}"][^\s}]*)\s*)*\}')
+_METADATA_FIELD = re.compile(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|[^\s},"][^\s},]*)')
+# `{field field ...}` read in one match; XLA allows a comma before each field.
+_METADATA = re.compile(r'\{\s*(?:,?\s*[a-z_]+=(?:"(?:[^"\\]|\\.)*"|[^\s},"][^\s},]*)\s*)*\}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,7 @@ def read_int(cursor: Cursor) -> int:
 
 def read_int_list(cursor: Cursor) -> tuple[int, ...]:
     m = cursor.match(_INT_LIST, "a list of integers like {0,1}")
-    return tuple(int(x) for x in m.group(1).split(",")) if m.group(1) else ()
+    return tuple(map(int, m.group(1).split(","))) if m.group(1) else ()
 
 
 def read_bool(cursor: Cursor) -> bool:
@@ -172,6 +174,11 @@ def read_computation_list(cursor: Cursor) -> ComputationRefs:
 
 
 def read_slice(cursor: Cursor) -> tuple[SliceDim, ...]:
+    plain = _PLAIN_SLICE.match(cursor.text, cursor.skip_space())
+    if plain is not None:
+        # As XLA prints it, `{[0:8], [0:4:2]}`: read in one step.
+        cursor.pos = plain.end()
+        return tuple(SliceDim(int(a), int(b), int(c or 1)) for a, b, c in _SLICE_BOUNDS.findall(plain.group(0)))
     cursor.expect("{", "to open slice={...}")
     dims: list[SliceDim] = []
     if not cursor.try_literal("}"):
@@ -330,3 +337,43 @@ READERS: dict[str, Reader] = {
 
 # Attributes whose value names called computations.
 COMPUTATION_ATTRIBUTES = frozenset(_COMPUTATION_KEYS.split()) | {"calls", "branch_computations", "called_computations"}
+
+# Readers that some values, delimited already, fit whole in one regex: for such a value the
+# reader would read all of it, with the result each of these gives (None: read it the usual way).
+_WHOLE_INT = re.compile(r"-?\d+")
+_WHOLE_NAME = re.compile(r"%?([A-Za-z_0-9][\w.\-]*)")
+
+
+def _whole_int(text: str) -> int | None:
+    return int(text) if _WHOLE_INT.fullmatch(text) else None
+
+
+def _whole_int_list(text: str) -> tuple[int, ...] | None:
+    m = _INT_LIST.fullmatch(text)
+    if m is None:
+        return None
+    return tuple(map(int, m.group(1).split(","))) if m.group(1) else ()
+
+
+def _whole_computation(text: str) -> ComputationRefs | None:
+    m = _WHOLE_NAME.fullmatch(text)
+    return ComputationRefs((m.group(1),)) if m else None
+
+
+def _whole_word(text: str) -> str | None:
+    return text if _WORD.fullmatch(text) else None
+
+
+def _whole_metadata(text: str) -> Metadata | None:
+    if _METADATA.fullmatch(text) is None:
+        return None
+    return Metadata(tuple(_METADATA_FIELD.findall(text, 1, len(text) - 1)))
+
+
+WHOLE_VALUE_READERS: dict[Reader, Callable[[str], Any]] = {
+    read_int: _whole_int,
+    read_int_list: _whole_int_list,
+    read_computation: _whole_computation,
+    read_word: _whole_word,
+    read_metadata: _whole_metadata,
+}

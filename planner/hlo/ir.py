@@ -77,20 +77,15 @@ class Computation:
     instructions: tuple[Instruction, ...]
     root_name: str
     is_entry: bool = False
-    # Extra `, key=value` after the signature (e.g. execution_thread), verbatim.
+    # `, execution_thread="..."` after the body, verbatim.
     extra: tuple[tuple[str, str], ...] = ()
     line: int = field(default=0, compare=False)
     _by_name: Mapping[str, Instruction] = field(init=False, compare=False, repr=False)
-    _users: Mapping[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
+    # Built on first use: parsing a module need not pay for a users map nobody may ask for.
+    _users: Mapping[str, tuple[str, ...]] | None = field(init=False, compare=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
-        by_name = {i.name: i for i in self.instructions}
-        users: dict[str, list[str]] = {i.name: [] for i in self.instructions}
-        for inst in self.instructions:
-            for op in dict.fromkeys(inst.operands):
-                users[op].append(inst.name)
-        object.__setattr__(self, "_by_name", MappingProxyType(by_name))
-        object.__setattr__(self, "_users", MappingProxyType({k: tuple(v) for k, v in users.items()}))
+        object.__setattr__(self, "_by_name", MappingProxyType({i.name: i for i in self.instructions}))
 
     def __getitem__(self, name: str) -> Instruction:
         return self._by_name[name]
@@ -116,7 +111,15 @@ class Computation:
 
     def users(self, name: str) -> tuple[str, ...]:
         """Names of instructions that read `name`, in program order, once each."""
-        return self._users[name]
+        users = self._users
+        if users is None:
+            found: dict[str, list[str]] = {i.name: [] for i in self.instructions}
+            for inst in self.instructions:
+                for op in dict.fromkeys(inst.operands):
+                    found[op].append(inst.name)
+            users = MappingProxyType({k: tuple(v) for k, v in found.items()})
+            object.__setattr__(self, "_users", users)
+        return users[name]
 
     def operands(self, inst: Instruction) -> tuple[Instruction, ...]:
         return tuple(self._by_name[o] for o in inst.operands)
@@ -133,17 +136,24 @@ class HloModule:
     # section -> ((id, value text), ...).
     debug_tables: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
     _by_name: Mapping[str, Computation] = field(init=False, compare=False, repr=False)
-    _instruction_home: Mapping[str, str | None] = field(init=False, compare=False, repr=False)
+    # Built on first use, like Computation's users.
+    _instruction_home: Mapping[str, str | None] | None = field(init=False, compare=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", MappingProxyType({c.name: c for c in self.computations}))
-        home: dict[str, str | None] = {}
-        for comp in self.computations:
-            for inst in comp.instructions:
-                # A name used in two computations (legal in hand-written HLO)
-                # has no single home; lookups must name the computation.
-                home[inst.name] = None if inst.name in home else comp.name
-        object.__setattr__(self, "_instruction_home", MappingProxyType(home))
+
+    def _homes(self) -> Mapping[str, str | None]:
+        homes = self._instruction_home
+        if homes is None:
+            found: dict[str, str | None] = {}
+            for comp in self.computations:
+                for inst in comp.instructions:
+                    # A name used in two computations (legal in hand-written HLO)
+                    # has no single home; lookups must name the computation.
+                    found[inst.name] = None if inst.name in found else comp.name
+            homes = MappingProxyType(found)
+            object.__setattr__(self, "_instruction_home", homes)
+        return homes
 
     @property
     def entry(self) -> Computation:
@@ -164,9 +174,9 @@ class HloModule:
 
     def home_of(self, name: str) -> str:
         """The computation that holds instruction `name`."""
-        if name not in self._instruction_home:
+        if name not in self._homes():
             raise KeyError(f"no instruction named {name!r} in module {self.name}")
-        home = self._instruction_home[name]
+        home = self._homes()[name]
         if home is None:
             owners = [c.name for c in self.computations if name in c]
             raise KeyError(f"instruction name {name!r} is used in several computations: {owners}")

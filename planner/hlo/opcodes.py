@@ -1,7 +1,10 @@
 """The HLO opcodes XLA's parser knows, and the operand counts it checks.
 
 The table mirrors `HLO_OPCODE_LIST` in XLA's `hlo_opcode.h` as jaxlib 0.7.1
-builds it (name, arity; -1 for variadic). A misspelt opcode or a binary op
+builds it (name, arity; -1 for variadic), with the counts its parser really
+checks: `dot` is variadic there, and the parser reads `ragged-all-to-all`
+with any number of operands (tests/test_parse_differential.py holds the
+table to that parser). A misspelt opcode or a binary op
 with one operand is a parse error with a location, as it is in XLA's own
 parser, rather than a surprise later in propagation. An opcode in this table
 that propagation has no rule for still parses: propagation leaves it unknown
@@ -24,13 +27,13 @@ OPCODE_ARITY: dict[str, int] = {
     "collective-permute-done": 1, "collective-permute-start": _VARIADIC, "compare": 2, "complex": 2,
     "concatenate": _VARIADIC, "conditional": _VARIADIC, "constant": 0, "convert": 1, "convolution": 2,
     "copy": 1, "copy-done": 1, "copy-start": 1, "cosine": 1, "custom-call": _VARIADIC, "divide": 2,
-    "domain": 1, "dot": 2, "dynamic-reshape": _VARIADIC, "dynamic-slice": _VARIADIC,
+    "domain": 1, "dot": _VARIADIC, "dynamic-reshape": _VARIADIC, "dynamic-slice": _VARIADIC,
     "dynamic-update-slice": _VARIADIC, "erf": 1, "exponential": 1, "exponential-minus-one": 1, "fft": 1,
     "floor": 1, "fusion": _VARIADIC, "gather": 2, "get-dimension-size": 1, "get-tuple-element": 1,
     "imag": 1, "infeed": 1, "iota": 0, "is-finite": 1, "log": 1, "log-plus-one": 1, "logistic": 1,
     "map": _VARIADIC, "maximum": 2, "minimum": 2, "multiply": 2, "negate": 1, "not": 1,
     "opt-barrier": 1, "or": 2, "outfeed": 2, "pad": 2, "parameter": 0, "partition-id": 0, "popcnt": 1,
-    "power": 2, "ragged-all-to-all": 6, "ragged-dot": 3, "real": 1, "recv": 1, "recv-done": 1,
+    "power": 2, "ragged-all-to-all": _VARIADIC, "ragged-dot": 3, "real": 1, "recv": 1, "recv-done": 1,
     "reduce": _VARIADIC, "reduce-precision": 1, "reduce-scatter": _VARIADIC, "reduce-window": _VARIADIC,
     "remainder": 2, "replica-id": 0, "reshape": 1, "reverse": 1, "rng": _VARIADIC,
     "rng-bit-generator": 1, "rng-get-and-update-state": 0, "round-nearest-afz": 1,
@@ -65,6 +68,8 @@ ARITY: dict[str, tuple[int, int | None]] = {
     "reduce": (2, None),
     "reduce-window": (2, None),
     "concatenate": (1, None),
+    # Variadic in XLA's table (sparse dots carry metadata operands); XLA's parser needs lhs and rhs.
+    "dot": (2, None),
 }
 
 

@@ -4,13 +4,16 @@ Grammar (as XLA prints it):
 
     module       := 'HloModule' name (',' attribute)* debug_table* computation+
     debug_table  := ('FileNames'|'FunctionNames'|'FileLocations'|'StackFrames') (int value)*
-    computation  := ['ENTRY'] name [signature] (',' attribute)* '{' instruction+ '}'
-    signature    := '(' [name ':' shape (',' name ':' shape)*] ')' '->' shape
+    computation  := ['ENTRY'] name [signature] '{' instruction+ '}'
+    signature    := '(' [param (',' param)*] ')' '->' shape
+    param        := name[':'] shape | '%'name shape
 
 Instructions are read by `instruction_parser`, attributes by
-`attribute_parser`. A reference to an undefined instruction or computation, a
-duplicate name, a call cycle or a wrong operand count is reported at its
-position, the way XLA's parser reports it.
+`attribute_parser`. A reference to an undefined instruction or computation (or
+to one defined later: XLA's parser reads callees first), a duplicate name or a
+wrong operand count is reported at its position, the way XLA's parser reports
+it. What XLA's parser accepts, this one accepts, but for the verifier's checks
+it makes too (tests/test_parse_differential.py lists them).
 """
 
 from __future__ import annotations
@@ -23,21 +26,29 @@ from planner.errors import HloParseError
 from planner.hlo.attribute_parser import parse_attribute_list
 from planner.hlo.instruction_parser import parse_body
 from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.parse_state import ParseState, PendingReference, Scope
+from planner.hlo.opcode_attributes import module_attribute_problem
+from planner.hlo.parse_state import ParseState, Scope, gc_paused
 from planner.hlo.scanner import skip_balanced
+from planner.hlo.shape_inference import compatible
 from planner.hlo.shapes import Shape, parse_shape
 
 _HEADER = re.compile(r"HloModule\b")
 _ENTRY = re.compile(r"ENTRY\b")
 _DEBUG_SECTION = re.compile(r"(FileNames|FunctionNames|FileLocations|StackFrames)\b")
 _DEBUG_ID = re.compile(r"\d+(?=\s)")
+# `p: f32[]`, `p f32[]` or `%p f32[]`: XLA's lexer reads `p:` as one name token, so no space may come
+# before the colon, and a `%` name takes none.
+_SIGNATURE_NAME = re.compile(
+    r"(?!(?:ROOT|ENTRY|HloModule|true|false)\b)(?:[A-Za-z_][\w.\-]*:?|%[\w.\-]+(?![\w.\-:]))", re.ASCII
+)
 
 
 def parse_hlo(text: str, source: str = "") -> HloModule:
     """Parses HLO module text; raises HloParseError with line and column."""
     if "\x00" in text:
         raise HloParseError.at(text, text.index("\x00"), "NUL byte in HLO text", source)
-    return _parse_module(ParseState(text, source))
+    with gc_paused():
+        return _parse_module(ParseState(text, source))
 
 
 def parse_hlo_file(path: str | Path) -> HloModule:
@@ -60,7 +71,13 @@ def _parse_module(state: ParseState) -> HloModule:
     c = state.cursor
     c.match(_HEADER, "'HloModule' at the start of the module")
     name = c.parse_name("the module name")
+    header = c.pos
     attributes = parse_attribute_list(state)
+    for a in attributes:
+        problem = module_attribute_problem(a.key, a.text, state.shape_cache)
+        if problem:
+            at = state.text.find(f"{a.key}=", header)
+            c.fail(problem[0], at + (len(a.key) + 1 + problem[1] if problem[1] else 0))
     debug_tables = _parse_debug_tables(state)
     computations: list[Computation] = []
     positions: dict[str, int] = {}
@@ -71,6 +88,7 @@ def _parse_module(state: ParseState) -> HloModule:
             first_line = state.line_of(positions[comp.name])
             c.fail(f"computation '{comp.name}' is defined twice (first at line {first_line})", start)
         positions[comp.name] = start
+        state.computations[comp.name] = comp
         computations.append(comp)
     if not computations:
         c.fail("expected a computation: the module has none")
@@ -106,83 +124,71 @@ def _parse_computation(state: ParseState) -> Computation:
     start = c.skip_space()
     is_entry = c.try_match(_ENTRY) is not None
     name = c.parse_name("a computation name")
-    signature: list[tuple[str, Shape]] = []
+    result: Shape | None = None
     if c.peek() == "(":
-        signature = _parse_signature(state)
-    extra = tuple((a.key, a.text) for a in parse_attribute_list(state))
+        result = _parse_signature(state)
     c.expect("{", f"to open the body of computation '{name}'")
     instructions, root = parse_body(state, Scope(name))
     if not instructions:
         c.fail(f"computation '{name}' has no instructions", start)
-    _check_parameters(state, name, instructions, signature, start)
+    # After the body XLA takes one attribute, `, execution_thread="host"` (computations run off the main thread).
+    extra = []
+    for attribute in parse_attribute_list(state):
+        if attribute.key != "execution_thread":
+            c.fail(f"unexpected attribute '{attribute.key}' after computation '{name}' (only execution_thread)",
+                   c.text.rfind(attribute.key, 0, c.pos))  # fmt: skip
+        extra.append((attribute.key, attribute.text))
+    _check_parameters(state, name, instructions, start)
+    root_inst = next(i for i in instructions if i.name == root) if root else instructions[-1]
+    if result is not None and not compatible(result, root_inst.shape):
+        c.fail(f"computation '{name}' returns {result.to_text(False)} by its signature but its root "
+               f"'{root_inst.name}' is {root_inst.shape.to_text(False)}", start)  # fmt: skip
     return Computation(
         name=name,
         instructions=tuple(instructions),
-        root_name=root if root is not None else instructions[-1].name,
+        root_name=root_inst.name,
         is_entry=is_entry,
-        extra=extra,
+        extra=tuple(extra),
         line=state.line_of(start),
     )
 
 
-def _parse_signature(state: ParseState) -> list[tuple[str, Shape]]:
+def _parse_signature(state: ParseState) -> Shape:
+    """`(name: shape, ...) -> shape`; returns the result shape.
+
+    XLA reads the parameter shapes and ignores them (the parameter
+    instructions decide), but the result must fit the root.
+    """
     c = state.cursor
     c.expect("(")
-    params: list[tuple[str, Shape]] = []
     if not c.try_literal(")"):
         while True:
-            pname = c.parse_name("a parameter name")
-            c.expect(":", f"after parameter '{pname}'")
-            params.append((pname, parse_shape(c, state.shape_cache, "a parameter shape")))
+            c.match(_SIGNATURE_NAME, "a parameter name (as in p: f32[])")
+            parse_shape(c, state.shape_cache, "a parameter shape")
             if c.try_literal(")"):
                 break
             c.expect(",", "or ')' in the parameter list")
     c.expect("->", "after the parameter list")
-    parse_shape(c, state.shape_cache, "the result shape")
-    return params
+    return parse_shape(c, state.shape_cache, "the result shape")
 
 
-def _check_parameters(state: ParseState, name: str, instructions: list[Instruction],
-                      signature: list[tuple[str, Shape]], start: int) -> None:  # fmt: skip
+def _check_parameters(state: ParseState, name: str, instructions: list[Instruction], start: int) -> None:
     numbers = sorted(i.parameter_number for i in instructions if i.parameter_number is not None)
     if numbers != list(range(len(numbers))):
         state.cursor.fail(f"parameters of computation '{name}' must be numbered 0..{len(numbers) - 1}, "
                           f"found {numbers}", start)  # fmt: skip
-    if signature and len(signature) != len(numbers):
-        state.cursor.fail(f"computation '{name}' declares {len(signature)} parameters in its signature "
-                          f"but has {len(numbers)} parameter instructions", start)  # fmt: skip
 
 
 def _check_references(state: ParseState, positions: dict[str, int]) -> None:
-    """Every called computation exists, and no computation calls itself."""
-    calls: dict[str, list[PendingReference]] = {}
+    """Every called computation is defined before its caller, as XLA's parser requires.
+
+    XLA prints callees first and its parser resolves a name when it reads
+    it, so a later (or the calling) computation "does not exist". That also
+    rules out call cycles, such as a While body that calls back into its caller.
+    """
     for ref in state.references:
         if ref.callee not in positions:
             state.cursor.fail(f"computation '{ref.callee}' is not defined", ref.pos)
-        calls.setdefault(ref.caller, []).append(ref)
-    # Iterative DFS: a While body that calls itself would send every later
-    # walk over the call graph into a loop, so cycles are refused here.
-    state_of: dict[str, int] = {}  # 1 on the current path, 2 done
-    for root in positions:
-        if state_of.get(root):
-            continue
-        stack: list[tuple[str, int]] = [(root, 0)]
-        path = [root]
-        state_of[root] = 1
-        while stack:
-            comp, i = stack[-1]
-            edges = calls.get(comp, [])
-            if i == len(edges):
-                stack.pop()
-                path.pop()
-                state_of[comp] = 2
-                continue
-            stack[-1] = (comp, i + 1)
-            ref = edges[i]
-            if state_of.get(ref.callee) == 1:
-                cycle = [*path[path.index(ref.callee) :], ref.callee]
-                state.cursor.fail(f"computations call each other in a cycle: {' -> '.join(cycle)}", ref.pos)
-            if not state_of.get(ref.callee):
-                state_of[ref.callee] = 1
-                stack.append((ref.callee, 0))
-                path.append(ref.callee)
+        if positions[ref.callee] >= positions[ref.caller]:
+            state.cursor.fail(f"computation '{ref.callee}' is not defined before its use in '{ref.caller}' "
+                              "(XLA reads callees first)", ref.pos)  # fmt: skip

@@ -26,9 +26,9 @@ def print_computation(comp: Computation) -> list[str]:
     params = ", ".join(f"{p.name}: {_shape_text(p.shape, with_layout=False)}" for p in comp.parameters)
     signature = f"({params}) -> {_shape_text(comp.root.shape, with_layout=False)}"
     extra = "".join(f", {key}={text}" for key, text in comp.extra)
-    head = f"{'ENTRY ' if comp.is_entry else ''}%{comp.name} {signature}{extra} {{"
+    head = f"{'ENTRY ' if comp.is_entry else ''}%{comp.name} {signature} {{"
     body = [f"  {print_instruction(inst, inst.name == comp.root_name)}" for inst in comp.instructions]
-    return [head, *body, "}"]
+    return [head, *body, "}" + extra]
 
 
 def print_instruction(inst: Instruction, is_root: bool = False) -> str:

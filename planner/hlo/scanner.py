@@ -16,6 +16,8 @@ from planner.errors import HloParseError
 # HLO allows `/* ... */` anywhere whitespace is allowed (XLA prints
 # `/*index=5*/` inside long tuples) and `//` line comments.
 _SPACE = re.compile(r"(?:\s+|/\*.*?\*/|//[^\n]*)*", re.S)
+# Characters that start neither whitespace nor a comment: at one of them there is nothing to skip.
+_NOT_SPACE = frozenset(chr(c) for c in range(33, 127) if chr(c) != "/")
 _NAME = re.compile(r"%?([A-Za-z_0-9][\w.\-]*)")
 _INT = re.compile(r"-?\d+")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
@@ -32,47 +34,60 @@ class Cursor:
         self.source = source
 
     def skip_space(self) -> int:
-        self.pos = _SPACE.match(self.text, self.pos).end()  # type: ignore[union-attr]
-        return self.pos
+        pos = self.pos
+        if self.text[pos : pos + 1] not in _NOT_SPACE:
+            self.pos = pos = _SPACE.match(self.text, pos).end()  # type: ignore[union-attr]
+        return pos
 
     def peek(self) -> str:
         """The next significant character, or '' at end of text."""
-        self.skip_space()
-        return self.text[self.pos : self.pos + 1]
+        pos = self.skip_space()
+        return self.text[pos : pos + 1]
 
     def at_end(self) -> bool:
         return self.peek() == ""
 
     def try_literal(self, literal: str) -> bool:
-        self.skip_space()
-        if self.text.startswith(literal, self.pos):
-            self.pos += len(literal)
+        pos = self.skip_space()
+        if self.text.startswith(literal, pos):
+            self.pos = pos + len(literal)
             return True
         return False
 
     def expect(self, literal: str, context: str = "") -> None:
-        if not self.try_literal(literal):
+        pos = self.skip_space()
+        if self.text.startswith(literal, pos):
+            self.pos = pos + len(literal)
+        else:
             where = f" {context}" if context else ""
             self.fail(f"expected '{literal}'{where}, found {self.describe_next()}")
 
     def try_match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
-        self.skip_space()
-        m = pattern.match(self.text, self.pos)
+        m = pattern.match(self.text, self.skip_space())
         if m is not None:
             self.pos = m.end()
         return m
 
     def match(self, pattern: re.Pattern[str], what: str) -> re.Match[str]:
-        m = self.try_match(pattern)
+        m = pattern.match(self.text, self.skip_space())
         if m is None:
             self.fail(f"expected {what}, found {self.describe_next()}")
+        self.pos = m.end()
         return m
 
     def parse_name(self, what: str = "a name") -> str:
-        return self.match(_NAME, what).group(1)
+        m = _NAME.match(self.text, self.skip_space())
+        if m is None:
+            self.fail(f"expected {what}, found {self.describe_next()}")
+        self.pos = m.end()
+        return m.group(1)
 
     def parse_int(self, what: str = "an integer") -> int:
-        return int(self.match(_INT, what).group(0))
+        m = _INT.match(self.text, self.skip_space())
+        if m is None:
+            self.fail(f"expected {what}, found {self.describe_next()}")
+        self.pos = m.end()
+        return int(m.group(0))
 
     def parse_string(self, what: str = "a quoted string") -> str:
         """Returns the string literal with its quotes, exactly as written."""
@@ -90,6 +105,11 @@ class Cursor:
 
     def error(self, message: str, pos: int | None = None) -> HloParseError:
         return HloParseError.at(self.text, self.pos if pos is None else pos, message, self.source)
+
+
+def next_token(text: str, pos: int) -> int:
+    """Where the first character after `pos` that is not whitespace or a comment is."""
+    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
 
 
 def skip_balanced(cursor: Cursor, what: str) -> int:

@@ -24,16 +24,26 @@ def needs_shape_check(opcode: str) -> bool:
     return opcode in _CHECKS or (opcode in _ELEMENTWISE and opcode != "bitcast-convert")
 
 
+def shapes_only_group(opcode: str) -> int:
+    """For an opcode whose check looks at shapes alone (not at attributes), a number shared by
+    the opcodes checked alike, given their operand count; else 0."""
+    if not needs_shape_check(opcode):
+        return 0
+    # Elementwise ops take one or two operands, select and clamp three: the count tells them apart.
+    groups: dict[Check, int] = {_elementwise: 1, _select_or_clamp: 1, _reshape: 2, _dynamic_update_slice: 3}
+    return groups.get(_CHECKS.get(opcode, _elementwise), 0)
+
+
 def shape_problem(inst: Instruction, operand_shapes: Sequence[Shape]) -> str | None:
     """Why `inst` cannot be what it says it is, or None."""
     check = _CHECKS.get(inst.opcode)
     if check is None and (inst.opcode in UNARY_ELEMENTWISE or inst.opcode in BINARY_ELEMENTWISE):
         check = _elementwise if inst.opcode != "bitcast-convert" else None  # may add or drop a dim
-    if check is None or not isinstance(inst.shape, ArrayShape):
+    if check is None or inst.shape.__class__ is not ArrayShape or (inst.shape.dynamic and any(inst.shape.dynamic)):
         return None
-    shapes = [inst.shape, *operand_shapes]
-    if not all(isinstance(s, ArrayShape) for s in shapes) or any(any(s.dynamic) for s in shapes):  # type: ignore[union-attr]
-        return None
+    for s in operand_shapes:
+        if s.__class__ is not ArrayShape or (s.dynamic and any(s.dynamic)):  # type: ignore[union-attr]
+            return None
     return check(inst, list(operand_shapes), inst.shape)  # type: ignore[arg-type]
 
 

@@ -33,8 +33,20 @@ ELEMENT_BITS: dict[str, int] = {
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]\n]*)\]")
 # A layout follows the dims directly. `-> f32[] {` opens a computation body,
 # so a spaced brace only counts as a layout when it starts like one.
-_LAYOUT = re.compile(r"\{[^{}\n]*\}|\s+\{(?=\s*[\d:])[^{}\n]*\}")
+_LAYOUT = r"\{[^{}\n]*\}|\s+\{(?=\s*[\d:])[^{}\n]*\}"
+_ARRAY_WITH_LAYOUT = re.compile(rf"{_ARRAY.pattern}({_LAYOUT})?")
+_PLAIN_DIMS = re.compile(r"[0-9]+(?:,[0-9]+)*")
+# One element of a tuple written plainly (an array with its layout, perhaps after an index
+# comment) and the ',' or ')' after it; anything else is read step by step.
+_PLAIN_ELEMENT = re.compile(r"[ \t]*(?:/\*index=\d+\*/)?([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]*([,)])")
 _PACKED_BITS = re.compile(r"E\((\d+)\)")
+# What XLA reads after the ':' of a layout, in its order: dim level types, tiles, tail padding, index
+# and pointer types, element bits, memory space, split configs, metadata prefix bytes.
+_LAYOUT_TAIL = re.compile(
+    r"\s*(?:D\([^()]*\))?\s*(?:T(?:\s*\((?:\s*(?:\d+|\*)(?:\s*,\s*(?:\d+|\*))*)?\s*\))*)?"
+    r"\s*(?:L\(\s*\d+\s*\)?)?\s*(?:#\(\s*u\d+\s*\))?\s*(?:\*\(\s*u\d+\s*\))?\s*(?:E\(\s*\d+\s*\)?)?"
+    r"\s*(?:S\(\s*\d+\s*\)?)?\s*(?:SC(?:\(\s*\d+\s*:[\d,\s]*\))*)?\s*(?:M\(\s*\d+\s*\)?)?\s*"
+)
 _DIM = re.compile(r"\s*(?:(\d+)|<=\s*(\d+)|(\?))\s*$")
 _TUPLE_PARENS = re.compile(r"[()]")
 
@@ -142,29 +154,30 @@ def parse_optional_shape(cursor: Cursor, cache: dict[str, Shape]) -> Shape | Non
     Shapes repeat heavily in real dumps (every get-tuple-element of a While
     repeats its tuple type), so each distinct text is parsed once per `cache`.
     """
-    first = cursor.peek()
-    if first == "(":
-        end = _tuple_end(cursor)
-        key = cursor.text[cursor.pos : end]
-        cached = cache.get(key)
-        if cached is not None:
-            cursor.pos = end
-            return cached
-        shape = _parse_tuple(cursor, cache)
-        cache[key] = shape
-        return shape
-    m = _ARRAY.match(cursor.text, cursor.pos)
-    if m is None or m.group(1) not in ELEMENT_BITS:
+    text = cursor.text
+    pos = cursor.skip_space()
+    m = _ARRAY_WITH_LAYOUT.match(text, pos)
+    if m is not None:
+        # A text in the cache was read whole before: its element type is known.
+        cached = cache.get(m.group(0))
+        if cached is None:
+            if m.group(1) not in ELEMENT_BITS:
+                return None
+            layout = m.group(3)
+            cached = cache[m.group(0)] = _array_from_match(cursor, m, layout.strip() if layout else None)
+        cursor.pos = m.end()
+        return cached
+    if not text.startswith("(", pos):
         return None
-    layout = _LAYOUT.match(cursor.text, m.end())
-    end = layout.end() if layout else m.end()
-    key = cursor.text[cursor.pos : end]
+    end = _tuple_end(cursor)
+    key = text[pos:end]
     cached = cache.get(key)
-    if cached is None:
-        cached = _array_from_match(cursor, m, layout.group(0).strip() if layout else None)
-        cache[key] = cached
-    cursor.pos = end
-    return cached
+    if cached is not None:
+        cursor.pos = end
+        return cached
+    shape = _parse_tuple(cursor, cache)
+    cache[key] = shape
+    return shape
 
 
 def parse_shape(cursor: Cursor, cache: dict[str, Shape], what: str = "a shape") -> Shape:
@@ -179,15 +192,22 @@ def parse_shape(cursor: Cursor, cache: dict[str, Shape], what: str = "a shape") 
 
 
 def _array_from_match(cursor: Cursor, m: re.Match[str], layout: str | None) -> ArrayShape:
+    body = m.group(2)
+    if _PLAIN_DIMS.fullmatch(body) and len(body) < 19:
+        plain = tuple(map(int, body.split(",")))
+        if layout is not None:
+            _check_layout(cursor, layout, len(plain), m.end(2) + 1)
+        return ArrayShape(m.group(1), plain, (), layout)
     dims: list[int] = []
     dynamic: list[bool] = []
-    body = m.group(2)
     if body.strip():
         offset = m.start(2)
         for piece in body.split(","):
             dm = _DIM.match(piece)
             if dm is None:
                 cursor.fail(f"bad dimension '{piece.strip()}' in shape (expected N, <=N or ?)", offset)
+            if int(dm.group(1) or dm.group(2) or 0) > _INT64_MAX:
+                cursor.fail(f"dimension {piece.strip()} does not fit in int64", offset)
             if dm.group(1) is not None:
                 dims.append(int(dm.group(1)))
                 dynamic.append(False)
@@ -199,15 +219,21 @@ def _array_from_match(cursor: Cursor, m: re.Match[str], layout: str | None) -> A
                 dynamic.append(True)
             offset += len(piece) + 1
     if layout is not None:
-        _check_layout(cursor, layout, len(dims), m.end())
+        _check_layout(cursor, layout, len(dims), m.end(2) + 1)
     return ArrayShape(m.group(1), tuple(dims), tuple(dynamic) if any(dynamic) else (), layout)
 
 
 def _check_layout(cursor: Cursor, layout: str, rank: int, pos: int) -> None:
     """`{2,1,0}` (minor to major, then `:` and tiling): the dim list is a permutation of the dims."""
+    plain = layout[0] == "{" and layout[-1] == "}" and _PLAIN_DIMS.fullmatch(layout, 1, len(layout) - 1)
+    if plain and sorted(map(int, layout[1:-1].split(","))) == list(range(rank)):
+        return
     order = layout.strip()[1:-1].split(":", 1)[0].strip()
     pieces = [p.strip() for p in order.split(",")] if order else []
-    if not order and (rank == 0 or ":" in layout):
+    tail = layout.strip()[1:-1].partition(":")[2]
+    if ":" in layout and not _LAYOUT_TAIL.fullmatch(tail):
+        cursor.fail(f"layout {layout.strip()} has a part after ':' XLA does not read (T(..), E(n), S(n), ...)", pos)
+    if not order and rank == 0:
         return
     if not all(p.isdigit() for p in pieces) or sorted(int(p) for p in pieces) != list(range(rank)):
         cursor.fail(f"layout {layout.strip()} is not an order of the {rank} dims of this shape", pos)
@@ -219,8 +245,12 @@ def _tuple_end(cursor: Cursor) -> int:
     Layout tiles such as `{1,0:T(8,128)}` hold balanced parentheses, so a
     plain depth count finds the closing one.
     """
+    text, pos = cursor.text, cursor.pos
+    close = text.find(")", pos)
+    if close >= 0 and text.find("(", pos + 1, close) < 0:
+        return close + 1
     depth = 0
-    for m in _TUPLE_PARENS.finditer(cursor.text, cursor.pos):
+    for m in _TUPLE_PARENS.finditer(text, pos):
         depth += 1 if m.group(0) == "(" else -1
         if depth == 0:
             return m.end()
@@ -228,12 +258,52 @@ def _tuple_end(cursor: Cursor) -> int:
 
 
 def _parse_tuple(cursor: Cursor, cache: dict[str, Shape]) -> TupleShape:
+    start = cursor.skip_space()
     cursor.expect("(")
     elements: list[Shape] = []
     if cursor.try_literal(")"):
         return TupleShape(())
+    text = cursor.text
     while True:
+        # Most elements are plain arrays read before: take them and their separator in one step.
+        plain = _PLAIN_ELEMENT.match(text, cursor.pos)
+        if plain is not None:
+            shape = cache.get(plain.group(1))
+            if shape is None:
+                # Read where `parse_shape` would, after the space and comment before it.
+                at = cursor.pos
+                cursor.pos = plain.start(1)
+                shape = parse_optional_shape(cursor, cache)
+                if shape is None:
+                    cursor.pos = at  # an unknown element type: `parse_shape` says so below
+            if shape is not None:
+                elements.append(shape)
+                cursor.pos = plain.end()
+                if plain.group(2) == ")":
+                    return _validated(cursor, elements, start)
+                continue
         elements.append(parse_shape(cursor, cache, "a tuple element shape"))
         if cursor.try_literal(")"):
-            return TupleShape(tuple(elements))
+            return _validated(cursor, elements, start)
         cursor.expect(",", "or ')' in tuple shape")
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _validated(cursor: Cursor, elements: list[Shape], start: int) -> TupleShape:
+    """XLA validates the elements of a tuple shape (not a lone array): each one's bytes must fit in int64."""
+    for e in elements:
+        if isinstance(e, ArrayShape) and _overflows(e):
+            cursor.fail(f"tuple element {e.to_text(False)} is too large: its bytes overflow int64", start)
+    return TupleShape(tuple(elements))
+
+
+def _overflows(shape: ArrayShape) -> bool:
+    """ShapeUtil::ValidateShapeSize: the element count (`?` dims aside), then the bytes, within int64."""
+    count = 1
+    for d in shape.dims:
+        count *= max(d, 1) if d < 0 else d
+        if count > _INT64_MAX:
+            return True
+    return count * ((ELEMENT_BITS[shape.element_type] + 7) // 8) > _INT64_MAX

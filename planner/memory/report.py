@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.hlo.inline import inline_calls
-from planner.hlo.shardy_import import resolve_mesh, to_gspmd
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
+from planner.hlo.shardy_import import resolve_mesh, to_gspmd
 from planner.memory.buffers import Buffer
 from planner.memory.model import MemoryEstimate, estimate_memory
 from planner.mesh import Mesh

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.hlo.inline import inline_calls
-from planner.hlo.shardy_import import to_gspmd
 from planner.hlo.ir import HloModule
+from planner.hlo.shardy_import import to_gspmd
 from planner.propagation.driver import Propagator
 from planner.propagation.graph import Provenance
 from planner.propagation.options import PropagationOptions

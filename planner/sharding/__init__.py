@@ -8,7 +8,8 @@ __all__ = ["HloSharding", "Iota", "Kind", "ShardGroup", "TileAssignment", "clear
 
 
 def clear_caches() -> None:
-    """Forgets memoised sharding algebra (benchmarks measure cold runs)."""
+    """Forgets what is memoised across calls: sharding algebra, parse-time checks (benchmarks run cold)."""
+    from planner.hlo import instruction_checks, opcode_attributes
     from planner.sharding import algebra, reshape, text
 
     for cached in (
@@ -17,5 +18,11 @@ def clear_caches() -> None:
         algebra._is_sub_tiling,
         reshape._through_reshape,
         text._parse_flat_cached,
+        instruction_checks.literal_problem,
+        opcode_attributes._names_problem,
+        opcode_attributes.metadata_problem,
+        opcode_attributes.shape_attribute_problem,
+        opcode_attributes.window_problem,
     ):
         cached.cache_clear()
+    opcode_attributes._BY_TEXT.clear()

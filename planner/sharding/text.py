@@ -101,7 +101,7 @@ def parse_tile_assignment_at(cursor: Cursor) -> TileAssignment:
         listed = cursor.match(_DEVICE_LIST, "a device list like 0,1,2,3 or an iota like <=[4]")
         devices = tuple(int(x) for x in listed.group(0).split(","))
         return TileAssignment.from_devices(list(devices), dims)
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:  # OverflowError: a device id beyond int64
         cursor.fail(str(e), devices_pos)
 
 
