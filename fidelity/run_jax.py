@@ -7,16 +7,13 @@ One case per process: XLA reads its flags (device count, dump directory) once, w
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from fidelity.cases import Case, case_named
+from fidelity.cases import Case
 from fidelity.dumps import (
     allocation_bytes_by_kind,
     header_attribute_names,
@@ -26,7 +23,7 @@ from fidelity.dumps import (
     xla_flags,
 )
 from fidelity.models import JAX_INPUT_SPEC, JAX_PARAM_SPECS, jax_abstract_inputs, jax_train_step
-from fidelity.record import count_opcode, mesh_record, process_maxrss_bytes, write_fixture
+from fidelity.record import count_opcode, mesh_record, process_maxrss_bytes, runner_main, write_fixture
 
 MEMORY_FIELDS = (
     "argument_size_in_bytes",
@@ -178,26 +175,13 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
     write_fixture(out_dir, case.name, hlo_text, record)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("name")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--dumps", type=Path, help="keep XLA's dump here (default: a temporary directory)")
-    args = ap.parse_args(argv)
-    case = case_named(args.name)
-    if case.front_end != "jax":
-        raise ValueError(f"{case.name} is a {case.front_end} case, not a jax one")
-    dump_dir = args.dumps or Path(tempfile.mkdtemp(prefix=f"fidelity-{case.name}-"))
-    if "jax" in sys.modules:
-        raise RuntimeError("jax was imported before XLA_FLAGS was set")
+def set_environment(case: Case, dump_dir: Path) -> None:
     os.environ["XLA_FLAGS"] = xla_flags(dump_dir, num_host_devices=case.mesh.num_devices)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        run(case, args.out, dump_dir)
-    finally:
-        if args.dumps is None:
-            shutil.rmtree(dump_dir, ignore_errors=True)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return runner_main(argv, __doc__.splitlines()[0], "jax", set_environment, run)
 
 
 if __name__ == "__main__":

@@ -9,20 +9,17 @@ per-device bytes come from the buffer assignment XLA:CPU dumps for that module.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from fidelity.cases import Case, case_named
+from fidelity.cases import Case
 from fidelity.dumps import allocation_bytes_by_kind, largest_module, while_shapes, xla_flags
 from fidelity.models import example_llama_layers, torch_llama
-from fidelity.record import count_opcode, mesh_record, process_maxrss_bytes, write_fixture
+from fidelity.record import count_opcode, mesh_record, process_maxrss_bytes, runner_main, write_fixture
 
 
 def _partition_fn(case: Case) -> Any:
@@ -115,27 +112,14 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
     write_fixture(out_dir, case.name, hlo_text, record)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("name")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--dumps", type=Path, help="keep XLA's dump here (default: a temporary directory)")
-    args = ap.parse_args(argv)
-    case = case_named(args.name)
-    if case.front_end != "torch_xla":
-        raise ValueError(f"{case.name} is a {case.front_end} case, not a torch_xla one")
-    if "torch_xla" in sys.modules:
-        raise RuntimeError("torch_xla was imported before its environment was set")
-    dump_dir = args.dumps or Path(tempfile.mkdtemp(prefix=f"fidelity-{case.name}-"))
+def set_environment(case: Case, dump_dir: Path) -> None:
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(case.mesh.num_devices)
     os.environ["XLA_FLAGS"] = xla_flags(dump_dir)
-    try:
-        run(case, args.out, dump_dir)
-    finally:
-        if args.dumps is None:
-            shutil.rmtree(dump_dir, ignore_errors=True)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return runner_main(argv, __doc__.splitlines()[0], "torch_xla", set_environment, run)
 
 
 if __name__ == "__main__":
