@@ -31,7 +31,7 @@ $(VENV)/.installed-core: pyproject.toml $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-full: pyproject.toml $(VENV)/bin/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,xla]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,xla,tpu]'
 	touch $@ $(VENV)/.installed-core
 
 # The dashboard's end-to-end test drives Debian's Chromium headless.

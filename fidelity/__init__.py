@@ -4,6 +4,6 @@
 Importing this package imports neither jax nor torch: the runners set XLA's flags first.
 """
 
-from fidelity.cases import CASES, Case, LlamaSize, MeshSpec, case_named
+from fidelity.cases import CASES, Case, MeshSpec, ModelSize, case_named
 
-__all__ = ["CASES", "Case", "LlamaSize", "MeshSpec", "case_named"]
+__all__ = ["CASES", "Case", "MeshSpec", "ModelSize", "case_named"]

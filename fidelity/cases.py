@@ -1,24 +1,42 @@
-"""The reference cases: which model, front end, partitioner and remat each fixture is made with.
+"""The reference cases: which model, front end, partitioner, remat, mesh and compilers each one is made with.
 
-A case is a frozen value checked on construction; `CASES` is the table the CLI walks. The grid
-sweep will generate this table instead of listing it.
+A case is a frozen value checked on construction. `CASES` is every case the sweep knows: the committed
+fixtures (`FIXTURE_CASES`) and the seeded grid (`grid()`), which covers what users train with: four
+model families, three remat modes, two dtypes, five 8-device meshes, 256-chip meshes, gradients free and
+pinned, GSPMD and Shardy, several sizes. `CI_CASES` is the fixed subset the tests regenerate.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 FRONT_ENDS = ("jax", "torch_xla")
 PARTITIONERS = ("gspmd", "shardy")
-# "checkpoint": jax.checkpoint around the scanned layer (nothing saved, everything recomputed).
-# "min_cut": AOTAutograd's min-cut partitioner decides what the backward recomputes.
-REMAT_POLICIES = (None, "checkpoint", "min_cut")
+FAMILIES = ("llama", "gpt2", "mlp", "moe")
+DTYPES = ("float32", "bfloat16")
+# "full": jax.checkpoint around the scanned layer (nothing saved, everything recomputed).
+# "dots": jax.checkpoint with the dots-without-batch-dims policy (projections saved, the rest recomputed).
+# "min_cut": AOTAutograd's min-cut partitioner decides what torch_xla's scan recomputes.
+REMAT_POLICIES = (None, "full", "dots", "min_cut")
+# torch_xla's ways of running the layer stack: scan_layers as shipped (gradients shard_as their
+# weights), scan_layers with that shard_as disabled, and a plain Python loop over the layers.
+TORCH_MODES = ("scan", "scan_no_shard_as", "loop")
+# libtpu topologies the ahead-of-time TPU compile targets, by chip preset and device count.
+TPU_TOPOLOGIES = {
+    ("v6e", 8): "v6e:2x4",
+    ("v6e", 256): "v6e:16x16",
+    ("v5p", 8): "v5p:2x2x2",
+    ("v5e", 8): "v5e:2x4",
+    ("v5e", 256): "v5e:16x16",
+    ("v4", 8): "v4:2x2x1",
+}
 
 
 @dataclass(frozen=True)
-class LlamaSize:
-    """A Llama decoder stack's sizes; every layer is the same, so the params stack to [num_layers, ...]."""
+class ModelSize:
+    """A layer stack's sizes; every layer is the same, so the params stack to [num_layers, ...]."""
 
     num_layers: int
     hidden_size: int = 1024
@@ -29,6 +47,8 @@ class LlamaSize:
     batch_size: int = 8
     seq_len: int = 64
     dtype: str = "float32"
+    num_experts: int = 0  # the moe family's experts per layer
+    top_k: int = 2
 
     def __post_init__(self) -> None:
         if self.num_heads * self.head_size != self.hidden_size:
@@ -39,6 +59,10 @@ class LlamaSize:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_size % 2:
             raise ValueError(f"head_size={self.head_size} must be even for RoPE")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
+        if self.num_experts and not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
 
 
 @dataclass(frozen=True)
@@ -49,10 +73,23 @@ class MeshSpec:
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.axis_names):
             raise ValueError(f"mesh shape={self.shape} does not match axis_names={self.axis_names}")
+        if set(self.axis_names) - {"data", "fsdp", "tp"} or "fsdp" not in self.axis_names:
+            raise ValueError(f"axis_names={self.axis_names}: the models shard over fsdp, tp and optionally data")
 
     @property
     def num_devices(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The axes the batch is split over: data parallel and fsdp both split it."""
+        return tuple(a for a in ("data", "fsdp") if a in self.axis_names)
+
+    def size(self, axis: str) -> int:
+        return self.shape[self.axis_names.index(axis)] if axis in self.axis_names else 1
+
+    def label(self) -> str:
+        return "_".join(f"{a}{n}" for a, n in zip(self.axis_names, self.shape))
 
 
 @dataclass(frozen=True)
@@ -61,8 +98,12 @@ class Case:
     front_end: str
     partitioner: str
     remat: str | None
-    size: LlamaSize
+    size: ModelSize
     mesh: MeshSpec = field(default_factory=MeshSpec)
+    family: str = "llama"
+    pinned: bool = False  # gradients' out_shardings set to their parameters' shardings
+    chip: str | None = "v6e"  # the TPU chip preset compiled for (JAX only); None: XLA:CPU only
+    torch_mode: str = "scan"
 
     def __post_init__(self) -> None:
         if self.front_end not in FRONT_ENDS:
@@ -71,15 +112,34 @@ class Case:
             raise ValueError(f"partitioner={self.partitioner!r} is not one of {PARTITIONERS}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r} is not one of {REMAT_POLICIES}")
-        # torch_xla 2.9 only partitions with GSPMD.
-        if self.front_end == "torch_xla" and self.partitioner != "gspmd":
-            raise ValueError(f"front_end='torch_xla' has no partitioner={self.partitioner!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r} is not one of {FAMILIES}")
+        if self.torch_mode not in TORCH_MODES:
+            raise ValueError(f"torch_mode={self.torch_mode!r} is not one of {TORCH_MODES}")
+        if (self.family == "moe") != bool(self.size.num_experts):
+            raise ValueError(f"family={self.family!r} with num_experts={self.size.num_experts}")
+        if self.front_end == "torch_xla":
+            # torch_xla 2.9 only partitions with GSPMD and has no ahead-of-time TPU path here.
+            if self.partitioner != "gspmd" or self.chip is not None or self.family != "llama":
+                raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps on XLA:CPU only")
+            if self.remat not in (None, "min_cut"):
+                raise ValueError(f"{self.name}: torch_xla's remat is the min_cut partition_fn")
+        elif self.remat == "min_cut":
+            raise ValueError(f"{self.name}: min_cut is torch_xla's remat; JAX's are full and dots")
+        if self.size.batch_size % math.prod(map(self.mesh.size, self.mesh.batch_axes)):
+            raise ValueError(f"{self.name}: batch_size={self.size.batch_size} does not split over {self.mesh}")
+        if self.chip is not None and self.tpu_topology is None:
+            raise ValueError(f"{self.name}: no libtpu topology for {self.chip} with {self.mesh.num_devices} devices")
+
+    @property
+    def tpu_topology(self) -> str | None:
+        return None if self.chip is None else TPU_TOPOLOGIES.get((self.chip, self.mesh.num_devices))
 
     def config(self) -> dict[str, object]:
         """The `config` record of NAME.xla.json, in the corpus's keys (D, F, H, ...) plus what this sweep varies."""
         s = self.size
-        return {
-            "kind": "llama",
+        record: dict[str, object] = {
+            "kind": self.family,
             "D": s.hidden_size,
             "F": s.ffn_size,
             "H": s.num_heads,
@@ -91,15 +151,21 @@ class Case:
             "mesh": list(self.mesh.shape),
             "axes": list(self.mesh.axis_names),
             "dtype": s.dtype,
-            "pinned": False,
+            "pinned": self.pinned,
             "remat": self.remat is not None,
             "remat_policy": self.remat,
             "partitioner": self.partitioner,
             "front_end": self.front_end,
+            "tpu_topology": self.tpu_topology,
         }
+        if s.num_experts:
+            record |= {"E": s.num_experts, "top_k": s.top_k}
+        if self.front_end == "torch_xla":
+            record["torch_mode"] = self.torch_mode
+        return record
 
 
-LLAMA_405B = LlamaSize(
+LLAMA_405B = ModelSize(
     num_layers=126,
     hidden_size=16384,
     ffn_size=53248,
@@ -110,22 +176,163 @@ LLAMA_405B = LlamaSize(
     seq_len=2048,
     dtype="bfloat16",
 )
+# Llama 3.1 8B's layer (GQA 32/8, FF 14336) at a short sequence: a 256-chip step that compiles in seconds.
+LLAMA_8B = ModelSize(
+    num_layers=8,
+    hidden_size=4096,
+    ffn_size=14336,
+    num_heads=32,
+    num_kv_heads=8,
+    head_size=128,
+    batch_size=256,
+    seq_len=256,
+    dtype="bfloat16",
+)
 
-CASES: tuple[Case, ...] = (
-    Case("jax_llama_remat_L8_fsdp4_tp2", "jax", "gspmd", "checkpoint", LlamaSize(num_layers=8)),
-    Case("jax_llama_shardy_L8_fsdp4_tp2", "jax", "shardy", None, LlamaSize(num_layers=8)),
-    Case("jax_llama_shardy_remat_L8_fsdp4_tp2", "jax", "shardy", "checkpoint", LlamaSize(num_layers=8)),
-    Case("torch_xla_llama_remat_L4_fsdp4_tp2", "torch_xla", "gspmd", "min_cut", LlamaSize(num_layers=4)),
+# GPT-2 XL's width at 12 layers, a long sequence and a large global batch.
+GPT2_XL_WIDE = ModelSize(12, 1536, 6144, 16, 16, 96, 256, 512, "bfloat16")
+
+FIXTURE_CASES: tuple[Case, ...] = (
+    Case("jax_llama_remat_L8_fsdp4_tp2", "jax", "gspmd", "full", ModelSize(num_layers=8)),
+    Case("jax_llama_shardy_L8_fsdp4_tp2", "jax", "shardy", None, ModelSize(num_layers=8)),
+    Case("jax_llama_shardy_remat_L8_fsdp4_tp2", "jax", "shardy", "full", ModelSize(num_layers=8)),
+    Case("torch_xla_llama_remat_L4_fsdp4_tp2", "torch_xla", "gspmd", "min_cut", ModelSize(num_layers=4), chip=None),
     # Remat at scale: Llama 3.1 405B's shapes (GQA, bf16) on 256 devices, lowered from abstract inputs.
     *(
-        Case(f"jax_llama405b_{name}_L126_fsdp64_tp4", "jax", partitioner, "checkpoint", LLAMA_405B, MeshSpec((64, 4)))
+        Case(f"jax_llama405b_{name}_L126_fsdp64_tp4", "jax", partitioner, "full", LLAMA_405B, MeshSpec((64, 4)))
         for name, partitioner in (("remat", "gspmd"), ("shardy_remat", "shardy"))
     ),
 )
+
+GRID_MESHES = (
+    MeshSpec((1, 8)),
+    MeshSpec((2, 4)),
+    MeshSpec((4, 2)),
+    MeshSpec((8, 1)),
+    MeshSpec((2, 2, 2), ("data", "fsdp", "tp")),
+)
+GRID_CHIPS = ("v6e", "v6e", "v5p", "v5e", "v4")
+
+
+def _family_size(family: str, rng: random.Random, num_layers: int, dtype: str) -> ModelSize:
+    """A step of the family's shape, hundreds of MiB to a few GiB per chip.
+
+    XLA:TPU's compile time grows with the shapes (a 405B-shaped step takes about a minute), so the
+    grid stays at the low end of what users train; the 256-chip cases cover the large end.
+    """
+    batch, seq = rng.choice((8, 16)), rng.choice((256, 512))
+    if family == "llama":
+        hidden = rng.choice((1024, 2048))
+        heads = hidden // 128
+        return ModelSize(num_layers, hidden, rng.choice((2816, 4096)) * hidden // 1024, heads,
+                         rng.choice((8, heads)), 128, batch, seq, dtype)  # fmt: skip
+    if family == "gpt2":
+        hidden = rng.choice((768, 1024))
+        return ModelSize(num_layers, hidden, 4 * hidden, 8, 8, hidden // 8, batch, seq, dtype)
+    if family == "mlp":
+        hidden = rng.choice((2048, 4096))
+        return ModelSize(num_layers, hidden, rng.choice((2, 4)) * hidden, 8, 8, hidden // 8, batch, seq, dtype)
+    hidden = 1024
+    return ModelSize(num_layers, hidden, rng.choice((1024, 2048)), 8, 8, 128, batch, seq, dtype,
+                     num_experts=rng.choice((4, 8)), top_k=2)  # fmt: skip
+
+
+def _name(front_end: str, family: str, remat: str | None, size: ModelSize, partitioner: str, mesh: MeshSpec,
+          pinned: bool, extra: str = "") -> str:  # fmt: skip
+    dtype = {"float32": "f32", "bfloat16": "bf16"}[size.dtype]
+    parts = [front_end, family + extra, remat or "noremat", dtype, partitioner, mesh.label(), f"L{size.num_layers}",
+             f"D{size.hidden_size}", "pinned" if pinned else "free"]  # fmt: skip
+    return "_".join(parts)
+
+
+def grid(seed: int = 13) -> tuple[Case, ...]:
+    """The seeded sweep: every family x JAX remat x dtype x partitioner, twice, on rotating meshes and chips.
+
+    The rotation (not the seed) guarantees each mesh, chip and gradient mode appears for every family;
+    the seed picks sizes. Then 256-chip steps and torch_xla's modes.
+    """
+    rng = random.Random(seed)
+    cases: list[Case] = []
+    k = 0
+    for family in FAMILIES:
+        for remat in (None, "full", "dots"):
+            for dtype in DTYPES:
+                for partitioner in PARTITIONERS:
+                    for _ in range(2):
+                        mesh = GRID_MESHES[k % len(GRID_MESHES)]
+                        pinned = (k // len(GRID_MESHES)) % 2 == 1
+                        chip = GRID_CHIPS[(k // 2) % len(GRID_CHIPS)]
+                        size = _family_size(family, rng, rng.choice((4, 8, 16)), dtype)
+                        name = _name("jax", family, remat, size, partitioner, mesh, pinned)
+                        cases.append(Case(name, "jax", partitioner, remat, size, mesh, family, pinned, chip))
+                        k += 1
+    big = (
+        ("llama", LLAMA_8B, None, "gspmd", MeshSpec((16, 16)), False, "v6e"),
+        ("llama", LLAMA_8B, "dots", "shardy", MeshSpec((16, 16)), True, "v6e"),
+        ("llama", LLAMA_8B, "full", "gspmd", MeshSpec((64, 4)), False, "v5e"),
+        ("llama", LLAMA_405B, "full", "gspmd", MeshSpec((64, 4)), True, "v6e"),
+        ("llama", LLAMA_405B, "full", "shardy", MeshSpec((16, 16)), False, "v6e"),
+        ("gpt2", GPT2_XL_WIDE, "dots", "gspmd", MeshSpec((32, 8)), False, "v6e"),
+    )
+    for family, size, remat, partitioner, mesh, pinned, chip in big:
+        name = _name("jax", family, remat, size, partitioner, mesh, pinned)
+        cases.append(Case(name, "jax", partitioner, remat, size, mesh, family, pinned, chip))
+    # torch_xla runs the step on the CPU devices (it has no abstract inputs): sized to run in seconds.
+    torch_size = ModelSize(num_layers=4, hidden_size=1024, ffn_size=4096, num_heads=8, head_size=128, seq_len=256)
+    for mode in TORCH_MODES:
+        for remat in (None, "min_cut"):
+            if mode == "loop" and remat is not None:
+                continue  # remat is a property of scan's partition_fn
+            for mesh in (MeshSpec((4, 2)), MeshSpec((2, 4))):
+                name = _name("torch_xla", "llama", remat, torch_size, "gspmd", mesh, False, f"_{mode}")
+                cases.append(Case(name, "torch_xla", "gspmd", remat, torch_size, mesh, chip=None, torch_mode=mode))
+    return tuple(cases)
+
+
+def ci_subset() -> tuple[Case, ...]:
+    """The subset the tests regenerate (cached by content), small enough to compile in seconds.
+
+    Together: every family, remat mode (none, full, dots; torch_xla's min_cut), both dtypes, both
+    partitioners, both backends and four TPU chips, a 3-axis mesh, pinned gradients, torch_xla's scan
+    and plain loop.
+    """
+    meshes = {"4x2": MeshSpec((4, 2)), "2x4": MeshSpec((2, 4)), "1x8": MeshSpec((1, 8)), "8x1": MeshSpec((8, 1)),
+              "3d": MeshSpec((2, 2, 2), ("data", "fsdp", "tp"))}  # fmt: skip
+    table = (
+        ("llama", None, "float32", "gspmd", "4x2", False, "v6e"),
+        ("llama", "full", "bfloat16", "shardy", "2x4", True, "v5e"),
+        ("llama", "dots", "float32", "gspmd", "3d", False, "v4"),
+        ("gpt2", None, "bfloat16", "gspmd", "1x8", False, "v6e"),
+        ("gpt2", "full", "float32", "shardy", "4x2", True, "v5p"),
+        ("gpt2", "dots", "bfloat16", "gspmd", "8x1", False, "v6e"),
+        ("mlp", None, "float32", "shardy", "2x4", False, "v5e"),
+        ("mlp", "dots", "bfloat16", "gspmd", "4x2", True, "v6e"),
+        ("moe", None, "bfloat16", "gspmd", "4x2", False, "v6e"),
+        ("moe", "full", "float32", "gspmd", "2x4", False, "v6e"),
+    )
+    cases = []
+    for family, remat, dtype, partitioner, mesh_name, pinned, chip in table:
+        heads = 8
+        hidden = {"llama": 512, "gpt2": 512, "mlp": 1024, "moe": 512}[family]
+        size = ModelSize(4, hidden, 4 * hidden if family != "moe" else hidden, heads, 2 if family == "llama" else heads,
+                         hidden // heads, 8, 128, dtype, num_experts=4 if family == "moe" else 0)  # fmt: skip
+        mesh = meshes[mesh_name]
+        name = "ci_" + _name("jax", family, remat, size, partitioner, mesh, pinned)
+        cases.append(Case(name, "jax", partitioner, remat, size, mesh, family, pinned, chip))
+    small = ModelSize(num_layers=4, hidden_size=512, ffn_size=2048, num_heads=8, head_size=64, seq_len=128)
+    for mode, remat in (("scan", "min_cut"), ("loop", None)):
+        name = "ci_" + _name("torch_xla", "llama", remat, small, "gspmd", MeshSpec((4, 2)), False, f"_{mode}")
+        cases.append(Case(name, "torch_xla", "gspmd", remat, small, MeshSpec((4, 2)), chip=None, torch_mode=mode))
+    return tuple(cases)
+
+
+CI_SUBSET: tuple[Case, ...] = ci_subset()
+CASES: tuple[Case, ...] = FIXTURE_CASES + grid() + CI_SUBSET
+CI_CASES: tuple[str, ...] = tuple(c.name for c in CI_SUBSET)
 
 
 def case_named(name: str) -> Case:
     for case in CASES:
         if case.name == name:
             return case
-    raise ValueError(f"no case named {name!r}; known: {', '.join(c.name for c in CASES)}")
+    raise ValueError(f"no case named {name!r}; known: {len(CASES)} cases, e.g. {', '.join(c.name for c in CASES[:3])}")

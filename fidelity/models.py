@@ -10,44 +10,96 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fidelity.cases import Case, LlamaSize
+from fidelity.cases import Case, ModelSize
 
 # Stacked params [num_layers, ...]. Megatron-style 2D sharding on [in, out] weights: column-parallel
-# projections shard `in` over fsdp and `out` over tp, the row-parallel ones the other way round.
-JAX_PARAM_SPECS: dict[str, tuple[str | None, ...]] = {
-    "attn_norm": (None, None),
-    "mlp_norm": (None, None),
-    "wq": (None, "fsdp", "tp"),
-    "wk": (None, "fsdp", "tp"),
-    "wv": (None, "fsdp", "tp"),
-    "wo": (None, "tp", "fsdp"),
-    "w_gate": (None, "fsdp", "tp"),
-    "w_up": (None, "fsdp", "tp"),
-    "w_down": (None, "tp", "fsdp"),
+# projections shard `in` over fsdp and `out` over tp, the row-parallel ones the other way round; norms
+# and the biases of row-parallel outputs stay replicated.
+Spec = tuple[str | None, ...]
+FAMILY_PARAM_SPECS: dict[str, dict[str, Spec]] = {
+    "llama": {
+        "attn_norm": (None, None),
+        "mlp_norm": (None, None),
+        "wq": (None, "fsdp", "tp"),
+        "wk": (None, "fsdp", "tp"),
+        "wv": (None, "fsdp", "tp"),
+        "wo": (None, "tp", "fsdp"),
+        "w_gate": (None, "fsdp", "tp"),
+        "w_up": (None, "fsdp", "tp"),
+        "w_down": (None, "tp", "fsdp"),
+    },
+    "gpt2": {
+        "ln1_scale": (None, None),
+        "ln1_bias": (None, None),
+        "w_qkv": (None, "fsdp", "tp"),
+        "b_qkv": (None, "tp"),
+        "w_proj": (None, "tp", "fsdp"),
+        "b_proj": (None, None),
+        "ln2_scale": (None, None),
+        "ln2_bias": (None, None),
+        "w_fc": (None, "fsdp", "tp"),
+        "b_fc": (None, "tp"),
+        "w_out": (None, "tp", "fsdp"),
+        "b_out": (None, None),
+    },
+    "mlp": {
+        "w_in": (None, "fsdp", "tp"),
+        "b_in": (None, "tp"),
+        "w_out": (None, "tp", "fsdp"),
+        "b_out": (None, None),
+    },
+    "moe": {
+        "attn_norm": (None, None),
+        "mlp_norm": (None, None),
+        "wq": (None, "fsdp", "tp"),
+        "wk": (None, "fsdp", "tp"),
+        "wv": (None, "fsdp", "tp"),
+        "wo": (None, "tp", "fsdp"),
+        "router": (None, "fsdp", None),
+        "w_in": (None, None, "fsdp", "tp"),
+        "w_out": (None, None, "tp", "fsdp"),
+    },
 }
-JAX_INPUT_SPEC: tuple[str | None, ...] = ("fsdp", None, None)
+# The committed fixtures' names for the llama table.
+JAX_PARAM_SPECS = FAMILY_PARAM_SPECS["llama"]
+JAX_INPUT_SPEC: Spec = ("fsdp", None, None)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 
-def jax_param_shapes(size: LlamaSize) -> dict[str, tuple[int, ...]]:
+def jax_param_shapes(size: ModelSize, family: str = "llama") -> dict[str, tuple[int, ...]]:
     L, D, F = size.num_layers, size.hidden_size, size.ffn_size
     kv_width = size.num_kv_heads * size.head_size
-    return {
-        "attn_norm": (L, D),
-        "mlp_norm": (L, D),
-        "wq": (L, D, D),
-        "wk": (L, D, kv_width),
-        "wv": (L, D, kv_width),
-        "wo": (L, D, D),
-        "w_gate": (L, D, F),
-        "w_up": (L, D, F),
-        "w_down": (L, F, D),
-    }
+    attention = {"wq": (L, D, D), "wk": (L, D, kv_width), "wv": (L, D, kv_width), "wo": (L, D, D)}
+    if family == "llama":
+        return {"attn_norm": (L, D), "mlp_norm": (L, D), **attention,
+                "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}  # fmt: skip
+    if family == "gpt2":
+        return {"ln1_scale": (L, D), "ln1_bias": (L, D), "w_qkv": (L, D, 3 * D), "b_qkv": (L, 3 * D),
+                "w_proj": (L, D, D), "b_proj": (L, D), "ln2_scale": (L, D), "ln2_bias": (L, D),
+                "w_fc": (L, D, F), "b_fc": (L, F), "w_out": (L, F, D), "b_out": (L, D)}  # fmt: skip
+    if family == "mlp":
+        return {"w_in": (L, D, F), "b_in": (L, F), "w_out": (L, F, D), "b_out": (L, D)}
+    E = size.num_experts
+    return {"attn_norm": (L, D), "mlp_norm": (L, D), **attention, "router": (L, D, E),
+            "w_in": (L, E, D, F), "w_out": (L, E, F, D)}  # fmt: skip
 
 
-def jax_input_shape(size: LlamaSize) -> tuple[int, ...]:
+def jax_input_shape(size: ModelSize) -> tuple[int, ...]:
     return (size.batch_size, size.seq_len, size.hidden_size)
+
+
+def _on_mesh(spec: Spec, axis_names: tuple[str, ...]) -> Spec:
+    """A weight spec on a mesh without a tp (or fsdp) axis drops it."""
+    return tuple(a if a is None or a in axis_names else None for a in spec)
+
+
+def jax_specs(case: Case) -> tuple[dict[str, Spec], Spec]:
+    """(param specs, input spec) on the case's mesh: the batch splits over data and fsdp together."""
+    axes = case.mesh.axis_names
+    params = {k: _on_mesh(v, axes) for k, v in FAMILY_PARAM_SPECS[case.family].items()}
+    batch = case.mesh.batch_axes
+    return params, ((batch if len(batch) > 1 else batch[0]), None, None)  # type: ignore[return-value]
 
 
 def jax_abstract_inputs(case: Case, mesh: Any) -> tuple[dict[str, Any], Any]:
@@ -55,11 +107,22 @@ def jax_abstract_inputs(case: Case, mesh: Any) -> tuple[dict[str, Any], Any]:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    def abstract(shape: tuple[int, ...], spec: tuple[str | None, ...]) -> jax.ShapeDtypeStruct:
+    def abstract(shape: tuple[int, ...], spec: Spec) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, case.size.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
-    params = {k: abstract(shape, JAX_PARAM_SPECS[k]) for k, shape in jax_param_shapes(case.size).items()}
-    return params, abstract(jax_input_shape(case.size), JAX_INPUT_SPEC)
+    param_specs, input_spec = jax_specs(case)
+    shapes = jax_param_shapes(case.size, case.family)
+    params = {k: abstract(shape, param_specs[k]) for k, shape in shapes.items()}
+    return params, abstract(jax_input_shape(case.size), input_spec)
+
+
+def jax_out_shardings(case: Case, mesh: Any, params: dict[str, Any]) -> Any:
+    """`jit`'s out_shardings: each gradient pinned to its parameter's sharding, or None (XLA decides)."""
+    if not case.pinned:
+        return None
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return (NamedSharding(mesh, PartitionSpec()), {k: v.sharding for k, v in params.items()})
 
 
 def jax_train_step(case: Case) -> Any:
@@ -73,6 +136,11 @@ def jax_train_step(case: Case) -> Any:
     def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
+    def layer_norm(x: Any, scale: Any, bias: Any, eps: float = 1e-5) -> Any:
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+
     def rope(t: Any) -> Any:
         # t: [batch, seq, heads, head_size]; rotate the two halves of each head by position-dependent angles.
         half = size.head_size // 2
@@ -82,33 +150,59 @@ def jax_train_step(case: Case) -> Any:
         t1, t2 = t[..., :half], t[..., half:]
         return jnp.concatenate([t1 * cos - t2 * sin, t1 * sin + t2 * cos], axis=-1).astype(t.dtype)
 
-    def attention(h: Any, p: dict[str, Any]) -> Any:
-        b, s = h.shape[0], h.shape[1]
-        q = (h @ p["wq"]).reshape(b, s, size.num_heads, size.head_size)
-        k = (h @ p["wk"]).reshape(b, s, size.num_kv_heads, size.head_size)
-        v = (h @ p["wv"]).reshape(b, s, size.num_kv_heads, size.head_size)
-        q, k = rope(q), rope(k)
-        if size.num_kv_heads != size.num_heads:
-            k = jnp.repeat(k, size.num_heads // size.num_kv_heads, axis=2)
-            v = jnp.repeat(v, size.num_heads // size.num_kv_heads, axis=2)
+    def causal_attention(q: Any, k: Any, v: Any) -> Any:
+        b, s = q.shape[0], q.shape[1]
+        if k.shape[2] != q.shape[2]:
+            k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
+            v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(size.head_size))
         causal = jnp.tril(jnp.ones((s, s), dtype=bool))
         scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, size.hidden_size)
-        return out @ p["wo"]
+        return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, size.hidden_size)
+
+    def llama_attention(h: Any, p: dict[str, Any]) -> Any:
+        b, s = h.shape[0], h.shape[1]
+        q = (h @ p["wq"]).reshape(b, s, size.num_heads, size.head_size)
+        k = (h @ p["wk"]).reshape(b, s, size.num_kv_heads, size.head_size)
+        v = (h @ p["wv"]).reshape(b, s, size.num_kv_heads, size.head_size)
+        return causal_attention(rope(q), rope(k), v) @ p["wo"]
+
+    def moe_ffn(h: Any, p: dict[str, Any]) -> Any:
+        # Token-choice top-k routing, dense dispatch: every expert sees every token, weighted by its gate.
+        gates = jax.nn.softmax((h @ p["router"]).astype(jnp.float32), axis=-1)
+        top, index = lax.top_k(gates, size.top_k)
+        weights = jnp.sum(jax.nn.one_hot(index, size.num_experts) * top[..., None], axis=-2).astype(h.dtype)
+        hidden = jax.nn.silu(jnp.einsum("bsd,edf->bsef", h, p["w_in"]))
+        out = jnp.einsum("bsef,efd->bsed", hidden, p["w_out"])
+        return jnp.einsum("bsed,bse->bsd", out, weights)
 
     def layer(x: Any, p: dict[str, Any]) -> Any:
-        x = x + attention(rms_norm(x, p["attn_norm"]), p)
-        h = rms_norm(x, p["mlp_norm"])
-        return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+        if case.family == "llama":
+            x = x + llama_attention(rms_norm(x, p["attn_norm"]), p)
+            h = rms_norm(x, p["mlp_norm"])
+            return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+        if case.family == "gpt2":
+            b, s = x.shape[0], x.shape[1]
+            h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
+            qkv = (h @ p["w_qkv"] + p["b_qkv"]).reshape(b, s, 3, size.num_heads, size.head_size)
+            x = x + causal_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]) @ p["w_proj"] + p["b_proj"]
+            h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
+            return x + jax.nn.gelu(h @ p["w_fc"] + p["b_fc"]) @ p["w_out"] + p["b_out"]
+        if case.family == "mlp":
+            return x + jax.nn.relu(x @ p["w_in"] + p["b_in"]) @ p["w_out"] + p["b_out"]
+        x = x + llama_attention(rms_norm(x, p["attn_norm"]), p)
+        return x + moe_ffn(rms_norm(x, p["mlp_norm"]), p)
 
     def step(x: Any, p: dict[str, Any]) -> tuple[Any, None]:
         return layer(x, p), None
 
-    if case.remat == "checkpoint":
+    if case.remat == "full":
         # Default policy saves nothing: the backward recomputes the whole layer from its input carry.
         step = jax.checkpoint(step)
+    elif case.remat == "dots":
+        # Matmuls without batch dims (the projections) are saved; attention's and the rest are recomputed.
+        step = jax.checkpoint(step, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     elif case.remat is not None:
         raise ValueError(f"remat={case.remat!r} has no JAX builder")
 

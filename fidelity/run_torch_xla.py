@@ -33,8 +33,14 @@ def _notes(case: Case) -> str:
         None: "default_partition (no remat)",
         "min_cut": "partition_fn=functorch.compile.min_cut_rematerialization_partition",
     }[case.remat]
+    run = {
+        "scan": f"torch_xla scan_layers(model.layers, x, {remat})",
+        "scan_no_shard_as": f"torch_xla scan_layers(model.layers, x, {remat}) with scan's own shard_as of the "
+        "gradients disabled (torch_xla.experimental.scan.shard_as replaced by the identity)",
+        "loop": "a plain Python loop over model.layers (no scan)",
+    }[case.torch_mode]
     return (
-        f"torch_xla scan_layers(model.layers, x, {remat}) over examples/llama_layers.py's LlamaStack "
+        f"{run} over examples/llama_layers.py's LlamaStack "
         "(RMSNorm, SwiGLU, causal mask, no RoPE; weights sharded by its shard_model, each layer's output "
         "pinned with mark_sharding_with_gradients to its ACTIVATION_SPEC, x marked the same); "
         "loss = y.pow(2).mean(); loss.backward(); torch_xla.sync() computes loss and every gradient (no "
@@ -65,7 +71,17 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
 
     for p in model.parameters():
         p.grad = None
-    loss = scan_layers(model.layers, x, partition_fn=_partition_fn(case)).pow(2).mean()
+    if case.torch_mode == "loop":
+        y = x
+        for layer in model.layers:
+            y = layer(y)
+    else:
+        if case.torch_mode == "scan_no_shard_as":
+            import torch_xla.experimental.scan as scan_module
+
+            scan_module.shard_as = lambda a, b: (a, b)
+        y = scan_layers(model.layers, x, partition_fn=_partition_fn(case))
+    loss = y.pow(2).mean()
     loss.backward()
     t0 = time.perf_counter()
     torch_xla.sync()
@@ -83,7 +99,7 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
     specs = example.PARTITION_SPECS
     record: dict[str, Any] = {
         "name": case.name,
-        "config": case.config() | {"mode": "scan_layers", "activation_spec": list(example.ACTIVATION_SPEC)},
+        "config": case.config() | {"activation_spec": list(example.ACTIVATION_SPEC)},
         "hlo": f"{case.name}.hlo",
         "mesh": mesh_record(case),
         "parameter_names": [n for n, _ in named],

@@ -1,4 +1,4 @@
-"""`spmd-planner memory FILE --mesh fsdp=4,tp=2 [--chip v6e | --hbm 32GiB] [--json]`."""
+"""`spmd-planner memory FILE --mesh fsdp=4,tp=2 [--chip v6e | --hbm 32GiB] [--backend cpu|v6e|...] [--json]`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,19 @@ from planner.cli.arguments import add_module_mesh_and_capacity, capacity_of
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.memory import memory_report, render_memory
+from planner.memory.backends import BACKENDS
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("memory", help="predict HBM per chip after sharding propagation")
     add_module_mesh_and_capacity(p)
     p.add_argument("--top", type=int, default=10, help="how many of the largest live buffers to list")
+    p.add_argument(
+        "--backend",
+        default="cpu",
+        choices=list(BACKENDS),
+        help="the compiler to predict: cpu (XLA:CPU, as --verify compiles) or a chip preset (its XLA:TPU)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
 
@@ -26,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     path: Path = args.file or DEFAULT_DUMP
     module = parse_hlo(read_hlo_text(path), source=str(path))
     try:
-        report = memory_report(module, args.mesh, capacity_of(args), args.top)
+        report = memory_report(module, args.mesh, capacity_of(args), args.top, backend=args.backend)
     except ValueError as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.memory.backends import Backend
+from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import Buffer, leaf_shardings, materialises, per_device_bytes, sharding_of
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
@@ -36,6 +38,8 @@ class MemoryEstimate:
     peak_position: int
     peak_buffers: list[Buffer]
     per_chip_bytes: dict[int, int] = field(default_factory=dict)
+    # Temporaries at the peak that the backend keeps in on-chip memory rather than HBM.
+    on_chip_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -226,6 +230,46 @@ class _Model:
         ]
 
 
+# Ops that only re-index a value on its way to a dot: the dot reads the same elements.
+_DOT_VIEWS = frozenset({"dynamic-slice", "reshape", "bitcast", "transpose", "copy", "get-tuple-element"})
+
+
+def _read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
+    """Whether every read of a loop-carried buffer, through views, is a default-precision dot's operand.
+
+    The buffer's members are its values in each loop (body parameters' elements and their reads);
+    writes into it (dynamic-update-slice of the buffer itself) and passing it along do not read it.
+    """
+    reads = 0
+    for comp_name, name, _ in members:
+        comp = module.computation(comp_name)
+        inst = comp[name]
+        if inst.opcode != "get-tuple-element" or comp[inst.operands[0]].opcode != "parameter":
+            continue
+        stack = [name]
+        while stack:
+            current = stack.pop()
+            for user_name in comp.users(current):
+                user = comp[user_name]
+                if user.opcode == "tuple" and user_name == comp.root_name:
+                    continue
+                if user.opcode == "dynamic-update-slice" and user.operands[0] == current:
+                    continue
+                if user.opcode in _DOT_VIEWS:
+                    stack.append(user_name)
+                elif user.opcode == "dot" and not _explicit_precision(user):
+                    reads += 1
+                else:
+                    return False
+    return reads > 0
+
+
+def _explicit_precision(dot: Instruction) -> bool:
+    precision = dot.attr("operand_precision")
+    text = getattr(precision, "text", str(precision)) if precision is not None else ""
+    return any(p in text.lower() for p in ("high", "highest"))
+
+
 _PER_ITERATION = frozenset({"dynamic-slice", "dynamic-update-slice", "gather", "scatter"})
 
 
@@ -274,7 +318,10 @@ def _dead_pass_through(body: Computation, cond: Computation) -> set[int]:
     return dropped
 
 
-def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | None = None) -> MemoryEstimate:
+def estimate_memory(
+    module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
+) -> MemoryEstimate:
+    backend = backend_of(target)
     model = _Model(module, result)
     model.build()
     uf = model.uf
@@ -309,6 +356,15 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
         elif any(v in model.loop_of for v in members):
             category = "loop-carried"
         loop = next((model.loop_of[v] for v in members if v in model.loop_of), None)
+        if category == "temporary":
+            size = widened_bytes(size, shape, backend)
+        elif (
+            category == "loop-carried"
+            and backend.narrows_f32_dot_operands
+            and shape.element_type == "f32"
+            and _read_only_by_dots(module, members)
+        ):
+            size //= 2
         device = sharding.device if sharding is not None and sharding.kind is Kind.MAXIMAL else None
         entry_members = [v for v in members if v[0] == entry.name]
         start = min((positions[v[1]] for v in entry_members), default=-1)
@@ -326,12 +382,17 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
     communication = _communication_buffers(module, result, model._walk_order())
     for pos, size, label in communication.get(entry.name, []):
+        size = widened_bytes(size, entry.instructions[pos].array_shape, backend)
         buffers.append(Buffer(len(buffers), size, label, entry.name, entry.instructions[pos].array_shape, None,
                               "temporary", None, pos, pos))  # fmt: skip
     # Body-local temporaries: their peak adds at the While's position.
     for comp_name in {b.computation for b in buffers if b.start < 0} | (set(communication) - {entry.name}):
         local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
-        body_peaks[comp_name] = _local_peak(module.computation(comp_name), local, communication.get(comp_name, []))
+        transient = [
+            (pos, widened_bytes(size, module.computation(comp_name).instructions[pos].array_shape, backend), label)
+            for pos, size, label in communication.get(comp_name, [])
+        ]
+        body_peaks[comp_name] = _local_peak(module.computation(comp_name), local, transient)
     extra_at: dict[int, int] = {}
     for comp_name, body_peak in body_peaks.items():
         owner = model.body_of.get(comp_name)
@@ -343,6 +404,9 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
         live = sum(b.size_bytes for b in temps if b.start <= p <= b.end) + extra_at.get(p, 0)
         if live > peak:
             peak, peak_position = live, p
+    # What on-chip memory holds at the peak is not HBM.
+    on_chip = min(peak, backend.alternate_memory_bytes)
+    peak -= on_chip
     argument = sum(b.size_bytes for b in buffers if b.category == "parameter")
     root_shardings = leaf_shardings(entry.root.shape, sharding_of(result, entry.root_name))
     output = sum(per_device_bytes(leaf, s) for leaf, s in zip(_leaves(entry.root.shape), root_shardings))
@@ -355,7 +419,8 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
         for k, (leaf, s) in enumerate(zip(_leaves(entry.root.shape), root_shardings))
         if k in aliased_outputs(module)
     )
-    estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers)
+    estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
+                              on_chip_bytes=on_chip)  # fmt: skip
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
     outputs = [
         (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)
@@ -363,6 +428,11 @@ def estimate_memory(module: HloModule, result: PropagationResult, mesh: Mesh | N
     ]
     estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate
+
+
+def widened_bytes(size_bytes: int, shape: ArrayShape, target: Backend) -> int:
+    """A temporary's bytes as the backend computes it: XLA:CPU keeps bf16 and f16 work in f32."""
+    return size_bytes * 2 if target.widens_half_floats and shape.element_type in ("bf16", "f16") else size_bytes
 
 
 _ALIAS_ENTRY = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)")

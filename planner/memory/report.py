@@ -6,14 +6,19 @@ arguments + outputs + temporaries - aliased bytes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import functools
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
+from planner.hlo.shapes import TupleShape
 from planner.hlo.shardy_import import resolve_mesh, to_gspmd
-from planner.memory.buffers import Buffer
+from planner.memory.backends import backend as backend_of
+from planner.memory.buffers import Buffer, leaf_shardings, per_device_bytes, sharding_of
 from planner.memory.model import MemoryEstimate, estimate_memory
 from planner.mesh import Mesh
 from planner.propagation import PropagationOptions, PropagationResult, propagate
@@ -31,6 +36,26 @@ class BufferLine:
 
 
 @dataclass(frozen=True)
+class Unmodelled:
+    """An instruction whose sharding or memory the model only approximates, and the bytes it counts for it."""
+
+    instruction: str
+    opcode: str
+    per_device_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """How far the model has been from the real compiler: |ours - compiler| / compiler over the sweep."""
+
+    compiler: str
+    num_cases: int
+    p90: float
+    max: float
+
+
+@dataclass(frozen=True)
 class MemoryReport:
     num_devices: int
     mesh: str | None
@@ -44,6 +69,9 @@ class MemoryReport:
     # Bytes live at the peak, by what holds them.
     breakdown: dict[str, int]
     top_buffers: tuple[BufferLine, ...]
+    backend: str = "cpu"
+    unmodelled: tuple[Unmodelled, ...] = ()
+    error_band: ErrorBand | None = None
 
     @property
     def peak_chip_bytes(self) -> int:
@@ -73,10 +101,12 @@ def memory_report(
     top: int = 10,
     result: PropagationResult | None = None,
     options: PropagationOptions | None = None,
+    backend: str = "cpu",
 ) -> MemoryReport:
     """Inline calls, propagate shardings (unless given), and size every chip.
 
-    `options` default to the module header's, as XLA's compile takes them.
+    `options` default to the module header's, as XLA's compile takes them. `backend` is "cpu" for
+    XLA:CPU, or a chip preset (v6e, v5p, ...) for the compiler that chip runs.
     """
     mesh = resolve_mesh(module, mesh)
     inlined = inline_calls(to_gspmd(module)).module
@@ -86,8 +116,42 @@ def memory_report(
     if mesh is not None and partitions is not None and partitions != mesh.num_devices:
         raise ValueError(f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has "
                          f"num_partitions={partitions}")  # fmt: skip
-    estimate = estimate_memory(inlined, result, mesh)
-    return _report(inlined, estimate, mesh, capacity_bytes, top)
+    estimate = estimate_memory(inlined, result, mesh, backend)
+    report = _report(inlined, estimate, mesh, capacity_bytes, top)
+    return replace(
+        report,
+        backend=backend,
+        unmodelled=_unmodelled(inlined, result),
+        error_band=error_band(backend_of(backend).compiler),
+    )
+
+
+def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelled, ...]:
+    """Instructions propagation has no rule for: their sharding is XLA's default (replicated) at best a guess."""
+    lines = []
+    for name, reason in result.unknown.items():
+        try:
+            inst = module.instruction(name)
+        except KeyError:  # renamed or removed by propagation (a Sharding custom-call became a copy)
+            continue
+        size = sum(per_device_bytes(leaf, s) for leaf, s in zip(
+            inst.shape.leaves() if isinstance(inst.shape, TupleShape) else (inst.shape,),
+            leaf_shardings(inst.shape, sharding_of(result, name)),
+        ))  # fmt: skip
+        lines.append(Unmodelled(name, inst.opcode, size, reason))
+    return tuple(sorted(lines, key=lambda u: -u.per_device_bytes))
+
+
+ACCURACY_FILE = Path(__file__).resolve().parents[1] / "data" / "memory_accuracy.json"
+
+
+@functools.cache
+def error_band(compiler: str) -> ErrorBand | None:
+    """The sweep's measured error for this compiler (`python -m fidelity.sweep --write` records it)."""
+    if not ACCURACY_FILE.exists():
+        return None
+    band = json.loads(ACCURACY_FILE.read_text()).get(compiler)
+    return None if band is None else ErrorBand(compiler, band["num_cases"], band["p90"], band["max"])
 
 
 def _report(
@@ -107,7 +171,9 @@ def _report(
             b.size_bytes for b in estimate.peak_buffers if b.category == "loop-carried" and stacked(b)
         ),
     }
-    breakdown["temporaries"] = estimate.temp_bytes - breakdown["loop-carried"]
+    breakdown["temporaries"] = estimate.temp_bytes + estimate.on_chip_bytes - breakdown["loop-carried"]
+    if estimate.on_chip_bytes:
+        breakdown["held in on-chip memory, not HBM"] = -estimate.on_chip_bytes
     lines = tuple(
         BufferLine(
             b.defined_by,
@@ -157,6 +223,19 @@ def render_memory(report: MemoryReport) -> str:
     lines.append("  at the peak:")
     for name, value in report.breakdown.items():
         lines.append(f"    {name:<30} {mib(value):>14}")
+    compiler = {"cpu": "XLA:CPU", "tpu": "XLA:TPU", "gpu": "XLA:GPU"}[backend_of(report.backend).compiler]
+    band = report.error_band
+    if band is not None:
+        lines.append(f"  predicted for {compiler} ({report.backend}): within {band.p90:.0%} on 90% of "
+                     f"{band.num_cases} reference steps, {band.max:.0%} at worst")  # fmt: skip
+    else:
+        lines.append(f"  predicted for {compiler} ({report.backend}): no measured error band for this compiler")
+    if report.unmodelled:
+        total = sum(u.per_device_bytes for u in report.unmodelled)
+        lines.append(f"  not modelled ({len(report.unmodelled)} instructions, {mib(total)} counted as XLA's "
+                     "default, replicated):")  # fmt: skip
+        for u in report.unmodelled[:10]:
+            lines.append(f"    {mib(u.per_device_bytes):>12}  {u.instruction} ({u.opcode}): {u.reason}")
     lines.append("  largest buffers live at the peak:")
     for b in report.top_buffers:
         tag = " [stacked]" if b.stacked else ""

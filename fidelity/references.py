@@ -1,0 +1,65 @@
+"""Reference fixtures on disk, keyed by content: a case is compiled again only when what makes it changes.
+
+The key of a case hashes its config, the sources that build and record it (models, runners, the dump
+readers, the example layer torch_xla runs) and the versions of the compilers (jax, jaxlib, libtpu,
+torch_xla). A cached pair NAME.hlo / NAME.xla.json under `DIR/KEY/` is therefore exactly what the
+runner would write today.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from fidelity.cases import Case
+from fidelity.generate import PROJECT_ROOT, run_case
+
+DEFAULT_CACHE = PROJECT_ROOT / ".cache" / "fidelity"
+# What a fixture is made from, besides its case's config.
+_SOURCES = ("fidelity/models.py", "fidelity/run_jax.py", "fidelity/run_torch_xla.py", "fidelity/record.py",
+            "fidelity/dumps.py", "examples/llama_layers.py")  # fmt: skip
+_COMPILERS = ("jax", "jaxlib", "libtpu", "torch_xla")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FIDELITY_CACHE", DEFAULT_CACHE))
+
+
+def _installed(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def content_key(case: Case) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"name": case.name, "config": case.config()}, sort_keys=True).encode())
+    for source in _SOURCES:
+        digest.update((PROJECT_ROOT / source).read_bytes())
+    for package in _COMPILERS:
+        digest.update(f"{package}=={_installed(package)}".encode())
+    return digest.hexdigest()[:16]
+
+
+def reference_path(case: Case) -> Path:
+    """Where the case's NAME.hlo lives once generated."""
+    return cache_dir() / content_key(case) / f"{case.name}.hlo"
+
+
+def ensure_references(cases: list[Case], jobs: int = 1) -> list[str]:
+    """Generate every case not yet cached; returns the names that failed."""
+    missing = [c for c in cases if not reference_path(c).with_suffix(".xla.json").exists()]
+    if missing:
+        print(f"generating {len(missing)} of {len(cases)} references into {cache_dir()}", file=sys.stderr)
+
+    def one(case: Case) -> str | None:
+        return None if run_case(case, reference_path(case).parent, None) else case.name
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return [name for name in pool.map(one, missing) if name is not None]

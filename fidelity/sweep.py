@@ -1,0 +1,147 @@
+"""HBM per chip, ours against the real compilers', over every reference case.
+
+    python -m fidelity.sweep [--ci | --cached] [--jobs N] [--write bench/RESULTS.md]
+
+Generates whatever references the cache lacks (`fidelity.references`), then predicts every case for
+XLA:CPU and, where the case was compiled for a TPU chip, for XLA:TPU, and prints one row per case and
+backend with the error distribution (max, p90, by family and by backend). `--write` replaces the
+sweep's section of a results file with the same table and records the error band per compiler in
+`planner/data/memory_accuracy.json`, which memory reports quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fidelity.cases import CASES, CI_CASES, Case, case_named
+from fidelity.references import ensure_references, reference_path
+
+BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+
+
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    backend: str  # "cpu" or the TPU chip preset
+    compiler_bytes: int
+    ours_bytes: int
+
+    @property
+    def error(self) -> float:
+        return (self.ours_bytes - self.compiler_bytes) / self.compiler_bytes
+
+
+def compiler_bytes(record: dict[str, object], backend: str) -> int:
+    """The compiler's argument + output + temp - alias per device (torch_xla: its CPU buffer assignment)."""
+    if backend == "cpu":
+        memory = record.get("memory")
+        return int(memory["total_bytes"]) if memory else int(record["xla_per_device_total_bytes"])  # type: ignore[index,call-overload]
+    return int(record["tpu"]["memory"]["total_bytes"])  # type: ignore[index]
+
+
+def predict(case: Case) -> list[Row]:
+    from planner import parse_hlo_file
+    from planner.memory import memory_report
+
+    hlo = reference_path(case)
+    record = json.loads(hlo.with_suffix(".xla.json").read_text())
+    module = parse_hlo_file(hlo)
+    rows = [Row(case, "cpu", compiler_bytes(record, "cpu"), memory_report(module, backend="cpu").total_bytes)]
+    if record.get("tpu"):
+        ours = memory_report(module, backend=case.chip or "tpu").total_bytes
+        rows.append(Row(case, case.chip or "tpu", compiler_bytes(record, "tpu"), ours))
+    return rows
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else 0.0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f}"
+
+
+def render(rows: list[Row]) -> str:
+    lines = [
+        "| case | family | mesh | remat | dtype | partitioner | backend | compiler MiB | ours MiB | error |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        c = r.case
+        lines.append(
+            f"| {c.name} | {c.family} | {'x'.join(map(str, c.mesh.shape))} | {c.remat or 'none'} | {c.size.dtype} "
+            f"| {c.partitioner} | {r.backend} | {_mib(r.compiler_bytes)} | {_mib(r.ours_bytes)} | {r.error:+.1%} |"
+        )
+    lines += [
+        "",
+        "| group | cases | max abs error | p90 abs error | within 5% | within 10% |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    groups: dict[str, list[Row]] = {"all": rows}
+    for r in rows:
+        groups.setdefault(f"backend {'cpu' if r.backend == 'cpu' else 'tpu'}", []).append(r)
+        groups.setdefault(f"family {r.case.family} ({r.case.front_end})", []).append(r)
+    for name, group in groups.items():
+        errors = [abs(r.error) for r in group]
+        lines.append(
+            f"| {name} | {len(group)} | {max(errors):.1%} | {_percentile(errors, 0.9):.1%} "
+            f"| {sum(e <= 0.05 for e in errors)} | {sum(e <= 0.10 for e in errors)} |"
+        )
+    return "\n".join(lines)
+
+
+def write_accuracy(rows: list[Row]) -> None:
+    from planner.memory.report import ACCURACY_FILE
+
+    bands = {}
+    for compiler in ("cpu", "tpu"):
+        errors = [abs(r.error) for r in rows if (r.backend == "cpu") == (compiler == "cpu")]
+        if errors:
+            bands[compiler] = {"num_cases": len(errors), "p90": round(_percentile(errors, 0.9), 4),
+                               "max": round(max(errors), 4)}  # fmt: skip
+    ACCURACY_FILE.write_text(json.dumps(bands, indent=1) + "\n")
+
+
+def write_section(path: Path, table: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    section = f"{BEGIN}\n{table}\n{END}"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ci", action="store_true", help="only the fixed subset the tests run")
+    ap.add_argument("--only", action="append", metavar="NAME", help="only this case (repeatable)")
+    ap.add_argument("--cached", action="store_true", help="only the cases whose references are already generated")
+    ap.add_argument("--jobs", type=int, default=2, help="cases compiled side by side (default 2)")
+    ap.add_argument("--write", type=Path, help="replace the sweep section of this markdown file")
+    args = ap.parse_args(argv)
+    names = args.only or (list(CI_CASES) if args.ci else None)
+    cases = [case_named(n) for n in names] if names else list(CASES)
+    if args.cached:
+        cases = [c for c in cases if reference_path(c).with_suffix(".xla.json").exists()]
+    failed = ensure_references(cases, args.jobs)
+    if failed:
+        print(f"{len(failed)} references failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    rows = [row for case in cases for row in predict(case)]
+    table = render(rows)
+    print(table)
+    if args.write:
+        write_section(args.write, f"{len(cases)} of {len(CASES)} cases.\n\n{table}")
+        write_accuracy(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""What differs between the compilers a step's memory is predicted for.
+
+Propagation and buffers are the same everywhere; the backend decides what lands in memory:
+- XLA:CPU has no bf16/f16 arithmetic: float normalization computes that work in f32, so a bf16
+  temporary is held at f32 size (a value stored into a parameter, output or loop-carried buffer is
+  converted back first).
+- XLA:TPU computes a default-precision f32 dot on bf16 operands. A saved value that the backward
+  pass reads only as a dot operand is converted before it is stored: the stacked residual is bf16.
+- XLA:TPU's memory-space assignment keeps temporaries in on-chip memory (VMEM) when they fit; those
+  bytes are not HBM. The bytes are what its assignment used in our references' buffer-assignment
+  dumps: v6e 96 MiB and v5e 112 MiB of VMEM, v4 64 MiB of CMEM per device; on v5p it used 27 MiB
+  where more was free, so its 32 MiB is a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    name: str
+    compiler: str  # "cpu" | "tpu" | "gpu"
+    widens_half_floats: bool = False
+    narrows_f32_dot_operands: bool = False
+    alternate_memory_bytes: int = 0
+
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("cpu", "cpu", widens_half_floats=True),
+        Backend("tpu", "tpu", narrows_f32_dot_operands=True),
+        Backend("v6e", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=96 * MIB),
+        Backend("v5e", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=112 * MIB),
+        Backend("v5p", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=32 * MIB),
+        Backend("v4", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=64 * MIB),
+        Backend("gpu", "gpu"),
+        Backend("h100", "gpu"),
+        Backend("h200", "gpu"),
+    )
+}
+
+
+def backend(name: str | Backend) -> Backend:
+    if isinstance(name, Backend):
+        return name
+    try:
+        return BACKENDS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
