@@ -19,6 +19,8 @@ from planner.hlo.shapes import ArrayShape, Shape, TupleShape
 from planner.memory.backends import Backend
 from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import Buffer, leaf_shardings, materialises, per_device_bytes, sharding_of
+from planner.memory.communication import communication_buffers
+from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
@@ -205,11 +207,10 @@ class _Model:
             # XLA copies an init element that is an entry parameter, is read after the
             # loop, feeds another element too, or arrives in another layout.
             same_layout = self.size.get(init_value) == self.size[carried]
-            # A read-only element needs no copy: the loop reads the init in place. An
-            # entry parameter is copied in when the body indexes it per iteration;
-            # when the body only uses it loop-invariantly, XLA hoists that use out.
-            hoisted = i in invariant and not _indexed_per_iteration(body, i)
-            if i in invariant and same_layout and (not from_parameter or hoisted):
+            # A read-only element needs no copy (XLA's copy insertion copies only the
+            # elements a body writes): the loop reads the init in place, an entry
+            # parameter (a stacked weight the body slices per layer) included.
+            if i in invariant and same_layout:
                 self.uf.union(init_value, carried)
                 continue
             if not from_parameter and not read_later and same_layout and init_root not in taken:
@@ -228,61 +229,6 @@ class _Model:
             for i in range(len(_leaves(p.shape)))
             if (v := (entry.name, p.name, i)) in self.allocating
         ]
-
-
-# Ops that only re-index a value on its way to a dot: the dot reads the same elements.
-_DOT_VIEWS = frozenset({"dynamic-slice", "reshape", "bitcast", "transpose", "copy", "get-tuple-element"})
-
-
-def _read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
-    """Whether every read of a loop-carried buffer, through views, is a default-precision dot's operand.
-
-    The buffer's members are its values in each loop (body parameters' elements and their reads);
-    writes into it (dynamic-update-slice of the buffer itself) and passing it along do not read it.
-    """
-    reads = 0
-    for comp_name, name, _ in members:
-        comp = module.computation(comp_name)
-        inst = comp[name]
-        if inst.opcode != "get-tuple-element" or comp[inst.operands[0]].opcode != "parameter":
-            continue
-        stack = [name]
-        while stack:
-            current = stack.pop()
-            for user_name in comp.users(current):
-                user = comp[user_name]
-                if user.opcode == "tuple" and user_name == comp.root_name:
-                    continue
-                if user.opcode == "dynamic-update-slice" and user.operands[0] == current:
-                    continue
-                if user.opcode in _DOT_VIEWS:
-                    stack.append(user_name)
-                elif user.opcode == "dot" and not _explicit_precision(user):
-                    reads += 1
-                else:
-                    return False
-    return reads > 0
-
-
-def _explicit_precision(dot: Instruction) -> bool:
-    precision = dot.attr("operand_precision")
-    text = getattr(precision, "text", str(precision)) if precision is not None else ""
-    return any(p in text.lower() for p in ("high", "highest"))
-
-
-_PER_ITERATION = frozenset({"dynamic-slice", "dynamic-update-slice", "gather", "scatter"})
-
-
-def _indexed_per_iteration(body: Computation, index: int) -> bool:
-    """Whether the body reads carried element `index` through a per-iteration index."""
-    param = body.parameters[0].name
-    readers = [
-        body[r]
-        for user in body.users(param)
-        if body[user].opcode == "get-tuple-element" and body[user].attr("index") == index
-        for r in body.users(user)
-    ]
-    return any(r.opcode in _PER_ITERATION for r in readers)
 
 
 def _dead_pass_through(body: Computation, cond: Computation) -> set[int]:
@@ -337,6 +283,7 @@ def estimate_memory(
     root_keys = [uf.find((entry.name, entry.root_name, i)) for i in range(len(_leaves(entry.root.shape)))]
     root_values = {k for k in root_keys if root_keys.count(k) == 1}
     buffers: list[Buffer] = []
+    accumulators: list[tuple[tuple[str, str], Buffer]] = []
     body_peaks: dict[str, int] = {}
     for key, members in groups.items():
         allocating = [v for v in members if v in model.allocating]
@@ -360,9 +307,19 @@ def estimate_memory(
             size = widened_bytes(size, shape, backend)
         elif (
             category == "loop-carried"
+            and backend.widens_half_floats
+            and shape.element_type in ("bf16", "f16")
+            and len({model.loop_of[v] for v in members if v in model.loop_of}) > 1
+            and updating_dot(module, members) is not None
+        ):
+            # A dot result one loop saves for another (the forward's residual for the backward):
+            # XLA:CPU stores the f32 product, the conversion moved past the update.
+            size *= 2
+        elif (
+            category == "loop-carried"
             and backend.narrows_f32_dot_operands
             and shape.element_type == "f32"
-            and _read_only_by_dots(module, members)
+            and read_only_by_dots(module, members)
         ):
             size //= 2
         device = sharding.device if sharding is not None and sharding.kind is Kind.MAXIMAL else None
@@ -375,22 +332,44 @@ def estimate_memory(
         buffer = Buffer(
             len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members
         )
+        if (
+            backend.widens_half_floats
+            and loop is not None
+            and shape.element_type in ("bf16", "f16")
+            and loop in positions
+            and (dot := updating_dot(module, members)) is not None
+        ):
+            accumulators.append((dot, Buffer(0, 2 * size, f"{label} accumulated in f32", entry.name, shape, sharding,
+                                             "temporary", None, positions[loop], positions[loop])))  # fmt: skip
         if start < 0:
             # Local to a While body: counted in that body's own peak.
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
-    communication = _communication_buffers(module, result, model._walk_order())
-    for pos, size, label in communication.get(entry.name, []):
-        size = widened_bytes(size, entry.instructions[pos].array_shape, backend)
-        buffers.append(Buffer(len(buffers), size, label, entry.name, entry.instructions[pos].array_shape, None,
-                              "temporary", None, pos, pos))  # fmt: skip
+    communication = communication_buffers(module, result, model._walk_order())
+    reduced = {(comp, span.label.split(":")[0]) for comp, spans in communication.items() for span in spans
+               if span.label.endswith("all-reduced result")}  # fmt: skip
+    for dot, extra in accumulators:
+        # XLA:CPU reduces a dot's partial sums in f32; the stacked buffer the reduced slices are written
+        # into is then accumulated in f32 through the loop and converted once the loop is done.
+        if dot in reduced:
+            extra.id = len(buffers)
+            buffers.append(extra)
+    for span in communication.get(entry.name, []):
+        size = widened_bytes(span.size_bytes, span.shape, backend)
+        buffers.append(Buffer(len(buffers), size, span.label, entry.name, span.shape, None, "temporary", None,
+                              span.start, span.end))  # fmt: skip
+    if backend.widens_half_floats:
+        for loop_inst, leaf, size, label in hoisted_conversions(module, result, model._walk_order()):
+            if loop_inst.name in positions:
+                at = positions[loop_inst.name]
+                buffers.append(Buffer(len(buffers), size, label, entry.name, leaf, None, "temporary", None, at, at))
     # Body-local temporaries: their peak adds at the While's position.
     for comp_name in {b.computation for b in buffers if b.start < 0} | (set(communication) - {entry.name}):
         local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
         transient = [
-            (pos, widened_bytes(size, module.computation(comp_name).instructions[pos].array_shape, backend), label)
-            for pos, size, label in communication.get(comp_name, [])
+            (span.start, span.end, widened_bytes(span.size_bytes, span.shape, backend))
+            for span in communication.get(comp_name, [])
         ]
         body_peaks[comp_name] = _local_peak(module.computation(comp_name), local, transient)
     extra_at: dict[int, int] = {}
@@ -430,11 +409,6 @@ def estimate_memory(
     return estimate
 
 
-def widened_bytes(size_bytes: int, shape: ArrayShape, target: Backend) -> int:
-    """A temporary's bytes as the backend computes it: XLA:CPU keeps bf16 and f16 work in f32."""
-    return size_bytes * 2 if target.widens_half_floats and shape.element_type in ("bf16", "f16") else size_bytes
-
-
 _ALIAS_ENTRY = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)")
 
 
@@ -447,69 +421,16 @@ def aliased_outputs(module: HloModule) -> set[int]:
     return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
 
 
-def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[int, int, str]] = ()) -> int:  # type: ignore[assignment]
+def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[int, int, int]]) -> int:
+    """The body's peak of its own buffers and the partitioner's (start, end, bytes) spans."""
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
-    spans = [(pos, pos, size) for pos, size, _ in transient]
+    spans = list(transient)
     for b in buffers:
         names = [v[1] for v in b.values if v[0] == comp.name]
         start = min(positions[n] for n in names)
         end = max([start] + [positions[u] for n in names for u in comp.users(n)])
         spans.append((start, end, b.size_bytes))
     return max((sum(s for a, e, s in spans if a <= p <= e) for p in range(len(comp.instructions))), default=0)
-
-
-def _communication_buffers(
-    module: HloModule, result: PropagationResult, computations: list[str]
-) -> dict[str, list[tuple[int, int, str]]]:
-    """(position, bytes, label) per computation for what partitioning a dot allocates.
-
-    An operand sharded on a dim the output does not split must be gathered
-    first (FSDP's weight all-gather); a result whose operands leave it less
-    split than its own sharding is computed whole, then reduced or sliced.
-    """
-    from planner.propagation.backward import operand_sharding_from_output
-    from planner.propagation.dot_dims import dot_dims
-
-    out: dict[str, list[tuple[int, int, str]]] = {}
-    for name in computations:
-        comp = module.computation(name)
-        for pos, inst in enumerate(comp.instructions):
-            if inst.opcode != "dot":
-                continue
-            output = sharding_of(result, inst.name)
-            if output is None or output.is_tuple:
-                continue
-            lhs, rhs = comp[inst.operands[0]], comp[inst.operands[1]]
-            if not isinstance(lhs.shape, ArrayShape) or not isinstance(rhs.shape, ArrayShape):
-                continue
-            dims = dot_dims(inst, lhs.shape.rank, rhs.shape.rank)
-            shape = inst.array_shape
-            for k, operand in enumerate((lhs, rhs)):
-                needed = operand_sharding_from_output(output, k, dims, shape.rank, operand.shape.rank)  # type: ignore[union-attr]
-                have = per_device_bytes(operand.array_shape, sharding_of(result, operand.name))
-                need = per_device_bytes(operand.array_shape, needed)
-                if need > have:
-                    out.setdefault(name, []).append((pos, need, f"{inst.name}: gathered {operand.name}"))
-            local = _local_result_bytes(shape, dims, sharding_of(result, lhs.name), sharding_of(result, rhs.name))
-            if local > per_device_bytes(shape, output):
-                out.setdefault(name, []).append((pos, local, f"{inst.name}: result before reduction"))
-    return out
-
-
-def _local_result_bytes(shape: ArrayShape, dims: object, lhs: HloSharding | None, rhs: HloSharding | None) -> int:
-    """Bytes of a dot's per-device result as its operands' free and batch splits leave it."""
-    tiles = [1] * shape.rank
-    for role_list, sharding, side in (
-        (dims.batch + dims.lhs_non_contracting, lhs, "lhs"),  # type: ignore[attr-defined]
-        (dims.rhs_non_contracting, rhs, "rhs"),  # type: ignore[attr-defined]
-    ):
-        if sharding is None or not sharding.is_tiled:
-            continue
-        for role in role_list:
-            index = getattr(role, side)
-            if index >= 0 and role.output >= 0:
-                tiles[role.output] = max(tiles[role.output], sharding.data_tile_dims[index])
-    return shape.bytes_for_dims(tuple(-(-d // t) for d, t in zip(shape.dims, tiles)))
 
 
 def _num_devices(result: PropagationResult) -> int:

@@ -1,0 +1,112 @@
+"""Buffers the SPMD partitioner adds around dots, and when they are live.
+
+A dot whose operands are not split the way its partition needs them (`dot_partition`) reads a
+gathered copy of an operand; a dot whose result holds partial sums, or is computed larger than its
+sharding, writes that result whole before it is reduced or sliced. Each becomes a span of positions
+in its computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.hlo.ir import Computation, HloModule
+from planner.hlo.shapes import ArrayShape
+from planner.memory.buffers import per_device_bytes, sharding_of
+from planner.memory.dot_partition import partition_dot
+from planner.propagation import PropagationResult
+from planner.propagation.dot_dims import dot_dims
+
+
+def issues_weight_gathers_first(module: HloModule) -> bool:
+    """Whether the XLA that compiles this module schedules a loop body's weight gathers first.
+
+    jaxlib 0.7.1's XLA:CPU does: every gather of the layer's weights at the top of the body, live
+    until the layer's weight-gradient partial sums are reduced. torch_xla 2.9 compiles with the XLA
+    it bundles, whose schedule interleaves each gather with its use; torch_xla names every module it
+    compiles SyncTensorsGraph.N.
+    """
+    return not module.name.startswith("SyncTensorsGraph")
+
+
+def _from_parameter_only(comp: Computation) -> set[str]:
+    """Values a body computes from its parameter alone (the layer's weights, sliced by the counter).
+
+    XLA's scheduler can issue their gathers at the top of the body, and on CPU it does.
+    """
+    found: set[str] = set()
+    for inst in comp.instructions:
+        computed_from_parameter = bool(inst.operands) and all(o in found for o in inst.operands)
+        if inst.opcode in ("parameter", "constant", "iota") or computed_from_parameter:
+            found.add(inst.name)
+    return found
+
+
+@dataclass(frozen=True)
+class Span:
+    """A buffer the SPMD partitioner adds, live from `start` to `end` (positions in its computation)."""
+
+    start: int
+    end: int
+    size_bytes: int
+    label: str
+    shape: ArrayShape  # of the dot it serves: its element type is the one the backend computes in
+
+
+def communication_buffers(
+    module: HloModule, result: PropagationResult, computations: list[str]
+) -> dict[str, list[Span]]:
+    """What partitioning a dot allocates, per computation.
+
+    An operand sharded on a dim the output does not split must be gathered first (FSDP's weight
+    all-gather). The all-gather is issued as soon as its operand exists (XLA's schedulers start
+    collectives early; in a loop body every weight's gather sits at the top), and dots that need the
+    same operand gathered the same way share one gather (XLA's CSE). A result whose operands leave it
+    less split than its own sharding is computed whole, then reduced or sliced.
+    """
+    out: dict[str, list[Span]] = {}
+    for name in computations:
+        comp = module.computation(name)
+        positions = {inst.name: k for k, inst in enumerate(comp.instructions)}
+        # In a loop body the gathers of the layer's weights are issued at the top; in the entry
+        # computation (an unrolled loop) each layer's gathers stay with their layer. Other gathers
+        # start where their operand is computed.
+        early = name != module.entry_name and issues_weight_gathers_first(module)
+        invariant = _from_parameter_only(comp) if early else set()
+        gathers: dict[tuple[str, int], Span] = {}
+        spans: list[Span] = []
+        for pos, inst in enumerate(comp.instructions):
+            if inst.opcode != "dot":
+                continue
+            output = sharding_of(result, inst.name)
+            if output is None or output.is_tuple:
+                continue
+            lhs, rhs = comp[inst.operands[0]], comp[inst.operands[1]]
+            if not isinstance(lhs.shape, ArrayShape) or not isinstance(rhs.shape, ArrayShape):
+                continue
+            dims = dot_dims(inst, lhs.shape.rank, rhs.shape.rank)
+            shape = inst.array_shape
+            plan = partition_dot(
+                dims,
+                (lhs.shape, rhs.shape, shape),
+                (sharding_of(result, lhs.name), sharding_of(result, rhs.name), output),
+            )
+            for operand, need in zip((lhs, rhs), plan.operand_bytes):
+                if need > per_device_bytes(operand.array_shape, sharding_of(result, operand.name)):
+                    key = (operand.name, need)
+                    earlier = gathers.get(key)
+                    start = earlier.start if earlier else (0 if operand.name in invariant else positions[operand.name])
+                    gathers[key] = Span(start, pos, need, f"{inst.name}: gathered {operand.name}", shape)
+            if plan.result_bytes > per_device_bytes(shape, output):
+                spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: result before reduction", shape))
+                if plan.partial:
+                    # Partial sums: the all-reduce writes a second buffer before the result is sliced.
+                    spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: all-reduced result", shape))
+        if early and spans:
+            # The layer's weight-gradient partial sums are interleaved with its gathered weights: a
+            # weight's gather stays live until the last partial sum of the body has been reduced.
+            last = max(span.end for span in spans)
+            gathers = {k: replace(g, end=max(g.end, last)) if k[0] in invariant else g for k, g in gathers.items()}
+        if gathers or spans:
+            out[name] = list(gathers.values()) + spans
+    return out

@@ -1,0 +1,136 @@
+"""Element types as each backend holds them: what XLA:CPU widens and XLA:TPU narrows.
+
+See `backends`: XLA:CPU computes bf16/f16 in f32 (temporaries, whole loop-invariant operands hoisted
+and converted, stacked dot results accumulated in f32); XLA:TPU reads default-precision f32 dot
+operands as bf16 (a residual only dots read is stored as bf16).
+"""
+
+from __future__ import annotations
+
+from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.loops import invariant_elements
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.memory.backends import Backend
+from planner.memory.buffers import leaf_shardings, per_device_bytes, sharding_of
+from planner.propagation import PropagationResult
+
+Value = tuple[str, str, int]  # (computation, instruction, leaf index)
+
+
+def _leaves(shape: Shape) -> tuple[ArrayShape, ...]:
+    return shape.leaves() if isinstance(shape, TupleShape) else (shape,)  # type: ignore[return-value]
+
+
+# Ops that only re-index a value on its way to a dot: the dot reads the same elements.
+_DOT_VIEWS = frozenset({"dynamic-slice", "reshape", "bitcast", "transpose", "copy", "get-tuple-element"})
+
+
+def read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
+    """Whether every read of a loop-carried buffer, through views, is a default-precision dot's operand.
+
+    The buffer's members are its values in each loop (body parameters' elements and their reads);
+    writes into it (dynamic-update-slice of the buffer itself) and passing it along do not read it.
+    """
+    reads = 0
+    for comp_name, name, _ in members:
+        comp = module.computation(comp_name)
+        inst = comp[name]
+        if inst.opcode != "get-tuple-element" or comp[inst.operands[0]].opcode != "parameter":
+            continue
+        stack = [name]
+        while stack:
+            current = stack.pop()
+            for user_name in comp.users(current):
+                user = comp[user_name]
+                if user.opcode == "tuple" and user_name == comp.root_name:
+                    continue
+                if user.opcode == "dynamic-update-slice" and user.operands[0] == current:
+                    continue
+                if user.opcode in _DOT_VIEWS:
+                    stack.append(user_name)
+                elif user.opcode == "dot" and not _explicit_precision(user):
+                    reads += 1
+                else:
+                    return False
+    return reads > 0
+
+
+def updating_dot(module: HloModule, members: list[Value]) -> tuple[str, str] | None:
+    """(computation, dot) whose result a carried buffer is written with, slice by slice (a stacked gradient)."""
+    for comp_name, name, _ in members:
+        comp = module.computation(comp_name)
+        inst = comp[name]
+        if inst.opcode != "dynamic-update-slice":
+            continue
+        update = comp[inst.operands[1]]
+        while True:
+            if update.opcode in ("reshape", "bitcast", "broadcast", "convert", "transpose", "copy"):
+                update = comp[update.operands[0]]
+            elif update.opcode == "get-tuple-element" and comp[update.operands[0]].opcode == "tuple":
+                update = comp[comp[update.operands[0]].operands[update.attr("index")]]  # an inlined call's result
+            else:
+                break
+        if update.opcode == "dot":
+            return comp_name, update.name
+    return None
+
+
+def _explicit_precision(dot: Instruction) -> bool:
+    precision = dot.attr("operand_precision")
+    text = getattr(precision, "text", str(precision)) if precision is not None else ""
+    return any(p in text.lower() for p in ("high", "highest"))
+
+
+def widened_bytes(size_bytes: int, shape: ArrayShape, target: Backend) -> int:
+    """A temporary's bytes as the backend computes it: XLA:CPU keeps bf16 and f16 work in f32."""
+    return size_bytes * 2 if target.widens_half_floats and shape.element_type in ("bf16", "f16") else size_bytes
+
+
+def hoisted_conversions(
+    module: HloModule, result: PropagationResult, computations: list[str]
+) -> list[tuple[Instruction, ArrayShape, int, str]]:
+    """(While, element, bytes, label) for each half-float loop-invariant element XLA:CPU converts whole before the loop.
+
+    XLA:CPU computes a bf16 dot in f32: the operand a body slices out of a read-only carried element
+    is converted, the conversion is moved ahead of the slice and, the element being loop-invariant,
+    hoisted out of the loop. The f32 copy of the whole element lives for the loop.
+    """
+    found = []
+    for comp_name in computations:
+        for loop in module.computation(comp_name).instructions:
+            if loop.opcode != "while":
+                continue
+            body = module.computation(loop.attr("body").names[0])
+            if not body.parameters:
+                continue
+            shardings = leaf_shardings(loop.shape, sharding_of(result, loop.name))
+            leaves = _leaves(loop.shape)
+            for index in sorted(invariant_elements(body)):
+                leaf = leaves[index] if index < len(leaves) else None
+                if leaf is None or leaf.element_type not in ("bf16", "f16"):
+                    continue
+                if _sliced_into_dot(body, index):
+                    size = 2 * per_device_bytes(leaf, shardings[index])
+                    found.append((loop, leaf, size, f"{loop.name}[{index}] converted to f32"))
+    return found
+
+
+def _sliced_into_dot(body: Computation, index: int) -> bool:
+    """Whether the body reads carried element `index` through a dynamic-slice into a dot's operand."""
+    param = body.parameters[0].name
+    stack = [
+        r
+        for user in body.users(param)
+        if body[user].opcode == "get-tuple-element" and body[user].attr("index") == index
+        for r in body.users(user)
+        if body[r].opcode == "dynamic-slice"
+    ]
+    while stack:
+        current = stack.pop()
+        for user in body.users(current):
+            op = body[user].opcode
+            if op == "dot":
+                return True
+            if op in ("reshape", "bitcast", "transpose", "copy"):
+                stack.append(user)
+    return False
