@@ -35,7 +35,11 @@ class MeshSpec(BaseModel):
 class PlanOptions(BaseModel):
     threshold: float = Field(default=1.5, ge=1, description="report buffers above this multiple of their ideal")
     min_bytes: int = Field(default=1 << 20, ge=0, description="and wasting at least this many bytes per chip")
-    verify: bool = Field(default=False, description="compile original and patched module with real XLA (slow)")
+    verify: bool = Field(
+        default=False,
+        description="compile original and patched module with real XLA (slow): XLA:CPU, and XLA:TPU for a TPU "
+        "chip preset when the service has libtpu",
+    )
 
 
 class PlanRequest(BaseModel):
@@ -81,6 +85,7 @@ class PlanRequest(BaseModel):
             "threshold": self.options.threshold,
             "min_bytes": self.options.min_bytes,
             "verify": self.options.verify,
+            "chip": self.chip,
         }  # fmt: skip
 
 

@@ -79,6 +79,10 @@ _OTHERS: dict[str, Any] = {
         "xla_saving_bytes": 201326584, "after_while_shapes": ["(s32[], f32[2,64,512]{2,1,0}, f32[8,2,64, ...)"],
         "stacked_gradients_at_shard": True, "gradient_mismatches": [], "seconds": 7.047,
     },
+    "TpuVerification": {  # `plan --chip v6e --verify` on the JAX corpus case, with libtpu installed
+        "xla": "jaxlib 0.7.1 (XLA:TPU, libtpu 0.0.20, GSPMD ahead of time for v6e:2x4)", "topology": "v6e:2x4",
+        "before_total_bytes": 411659264, "after_total_bytes": 205730816, "xla_saving_bytes": 205928448,
+    },
     "ManifestParameter": {"name": "0.d.weight", "shape": [1024, 4096], "partition_spec": ["fsdp", "tp"]},
     "Manifest": {
         "outputs": [None, "0.q.weight", "0.d.weight"],

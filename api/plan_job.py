@@ -31,6 +31,7 @@ def plan_job(job: dict[str, Any]) -> dict[str, Any]:
             min_bytes=job["min_bytes"],
             manifest=manifest,
             verify=job["verify"],
+            chip_name=job.get("chip"),
         )
     except HloParseError as e:
         return {"status": 422, "message": str(e), "line": e.line, "column": e.column}

@@ -1,4 +1,4 @@
-"""Generate the reference fixtures: NAME.hlo and NAME.xla.json for every case.
+"""Generate reference fixtures: NAME.hlo and NAME.xla.json for the committed cases (or any case with --only).
 
     python -m fidelity.generate --out tests/fixtures/generated [--only NAME ...] [--dumps DIR]
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from fidelity.cases import CASES, Case, case_named
+from fidelity.cases import FIXTURE_CASES, Case, case_named
 
 RUNNERS = {"jax": "fidelity.run_jax", "torch_xla": "fidelity.run_torch_xla"}
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", metavar="NAME", help="run only this case (repeatable)")
     ap.add_argument("--dumps", type=Path, help="keep each case's XLA dump in DIR/NAME")
     args = ap.parse_args(argv)
-    cases = [case_named(n) for n in args.only] if args.only else list(CASES)
+    # The grid's cases live in the sweep's content-keyed cache (`fidelity.sweep`); by default this
+    # writes the committed fixtures of tests/fixtures/generated.
+    cases = [case_named(n) for n in args.only] if args.only else list(FIXTURE_CASES)
     out_dir = args.out.resolve()
     dumps = args.dumps.resolve() if args.dumps else None
     failed = [c.name for c in cases if not run_case(c, out_dir, dumps)]

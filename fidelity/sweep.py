@@ -17,7 +17,9 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fidelity.agreement import while_shape_mismatches
 from fidelity.cases import CASES, CI_CASES, Case, case_named
 from fidelity.references import ensure_references, reference_path
 
@@ -30,6 +32,9 @@ class Row:
     backend: str  # "cpu" or the TPU chip preset
     compiler_bytes: int
     ours_bytes: int
+    # Our per-device While shapes against XLA:CPU's partitioned ones: "exact", "k of n differ" or
+    # "loops differ" (XLA's pipeline changed the loops' tuples before partitioning).
+    propagation: str = "n/a"
 
     @property
     def error(self) -> float:
@@ -51,11 +56,24 @@ def predict(case: Case) -> list[Row]:
     hlo = reference_path(case)
     record = json.loads(hlo.with_suffix(".xla.json").read_text())
     module = parse_hlo_file(hlo)
-    rows = [Row(case, "cpu", compiler_bytes(record, "cpu"), memory_report(module, backend="cpu").total_bytes)]
+    agreement = propagation_agreement(hlo, record)
+    rows = [
+        Row(case, "cpu", compiler_bytes(record, "cpu"), memory_report(module, backend="cpu").total_bytes, agreement)
+    ]
     if record.get("tpu"):
         ours = memory_report(module, backend=case.chip or "tpu").total_bytes
-        rows.append(Row(case, case.chip or "tpu", compiler_bytes(record, "tpu"), ours))
+        rows.append(Row(case, case.chip or "tpu", compiler_bytes(record, "tpu"), ours, agreement))
     return rows
+
+
+def propagation_agreement(hlo: Path, record: dict[str, Any]) -> str:
+    whiles = record.get("post_partition_while_shapes") or record.get("xla_post_partition_while_shapes")
+    if not whiles:
+        return "n/a"
+    compared, misses = while_shape_mismatches(hlo, whiles)
+    if any("loops of arity" in m for m in misses):
+        return "loops differ"
+    return "exact" if not misses else f"{len(misses)} of {compared} differ"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -69,14 +87,16 @@ def _mib(n: int) -> str:
 
 def render(rows: list[Row]) -> str:
     lines = [
-        "| case | family | mesh | remat | dtype | partitioner | backend | compiler MiB | ours MiB | error |",
-        "|---|---|---|---|---|---|---|---:|---:|---:|",
+        "| case | family | mesh | remat | dtype | partitioner | backend | compiler MiB | ours MiB | error "
+        "| While shapes vs XLA:CPU |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|---|",
     ]
     for r in rows:
         c = r.case
         lines.append(
             f"| {c.name} | {c.family} | {'x'.join(map(str, c.mesh.shape))} | {c.remat or 'none'} | {c.size.dtype} "
-            f"| {c.partitioner} | {r.backend} | {_mib(r.compiler_bytes)} | {_mib(r.ours_bytes)} | {r.error:+.1%} |"
+            f"| {c.partitioner} | {r.backend} | {_mib(r.compiler_bytes)} | {_mib(r.ours_bytes)} | {r.error:+.1%} "
+            f"| {r.propagation} |"
         )
     lines += [
         "",
@@ -85,9 +105,15 @@ def render(rows: list[Row]) -> str:
     ]
     groups: dict[str, list[Row]] = {"all": rows}
     for r in rows:
-        groups.setdefault(f"backend {'cpu' if r.backend == 'cpu' else 'tpu'}", []).append(r)
-        groups.setdefault(f"family {r.case.family} ({r.case.front_end})", []).append(r)
-    for name, group in groups.items():
+        compiler = "cpu" if r.backend == "cpu" else "tpu"
+        groups.setdefault(f"backend {compiler}", []).append(r)
+        if r.propagation == "exact":
+            groups.setdefault(f"backend {compiler}, While shapes exact", []).append(r)
+        groups.setdefault(f"family {r.case.family} ({r.case.front_end}), {compiler}", []).append(r)
+        groups.setdefault(f"partitioner {r.case.partitioner}, {compiler}", []).append(r)
+        groups.setdefault(f"remat {r.case.remat or 'none'}, {compiler}", []).append(r)
+        groups.setdefault(f"dtype {r.case.size.dtype}, {compiler}", []).append(r)
+    for name, group in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0])):
         errors = [abs(r.error) for r in group]
         lines.append(
             f"| {name} | {len(group)} | {max(errors):.1%} | {_percentile(errors, 0.9):.1%} "

@@ -10,12 +10,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fidelity.agreement import per_device_dims
 from planner import parse_hlo, parse_hlo_file, parse_sharding
 from planner.hlo.inline import inline_calls
-from planner.hlo.scanner import Cursor
-from planner.hlo.shapes import Shape, TupleShape, parse_shape
+from planner.hlo.shapes import Shape
 from planner.propagation import PropagationOptions, PropagationResult, propagate
-from planner.sharding import HloSharding
 
 
 @dataclass
@@ -32,12 +31,6 @@ class Agreement:
     @property
     def shard_shape_share(self) -> float:
         return self.same_shard_shape / self.total if self.total else 0.0
-
-
-def per_device_dims(shape: Shape, sharding: HloSharding) -> list[tuple[int, ...]]:
-    leaves = shape.leaves()
-    elements = sharding.elements if sharding.is_tuple else (sharding,) * len(leaves)
-    return [s.shard_shape(leaf.dims) for leaf, s in zip(leaves, elements)]
 
 
 def compare_shardings(result: PropagationResult, shapes: dict[str, Shape], truth: dict[str, str]) -> Agreement:
@@ -75,35 +68,6 @@ def jax_agreement(info_path: Path) -> Agreement:
     inlined = inline_calls(module).module
     shapes = {i.name: i.shape for c in inlined.computations for i in c}
     return compare_shardings(result, shapes, truth)
-
-
-def while_shape_mismatches(hlo_path: Path, xla_whiles: list[dict[str, str]]) -> tuple[int, list[str]]:
-    """Per-device While tuple shapes from the user-facing dump against XLA's partitioned ones.
-
-    Returns (elements compared, descriptions of the ones that differ). Loops
-    are paired by their tuple structure (arity and element dims).
-    """
-    module = parse_hlo_file(hlo_path)
-    result = propagate(module)
-    inlined = inline_calls(module).module
-    shapes = {i.name: i.shape for c in inlined.computations for i in c}
-    ours = [i for i in result.instructions if i.opcode == "while"]
-    compared, misses = 0, []
-    for entry in xla_whiles:
-        xla_shape = parse_shape(Cursor(entry["shape"]), {})
-        assert isinstance(xla_shape, TupleShape)
-        xla_dims = [leaf.dims for leaf in xla_shape.leaves()]
-        matches = [w for w in ours if len(shapes[w.name].leaves()) == len(xla_dims)]
-        if len(matches) != 1:
-            misses.append(f"{entry['name']}: {len(matches)} loops of arity {len(xla_dims)} in our module")
-            continue
-        loop = matches[0]
-        assert loop.sharding is not None, f"{loop.name} has no sharding"
-        for index, (got, want) in enumerate(zip(per_device_dims(shapes[loop.name], loop.sharding), xla_dims)):
-            compared += 1
-            if tuple(got) != tuple(want):
-                misses.append(f"{loop.name} element {index}: ours {list(got)} XLA {list(want)}")
-    return compared, misses
 
 
 def xla_case_results(cases: list[dict]) -> list[tuple[str, str, str, str | None]]:

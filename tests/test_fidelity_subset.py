@@ -19,7 +19,7 @@ pytestmark = pytest.mark.xla
 
 # Today's measured worst error on this subset, per compiler: these bounds catch regressions; the
 # goal the sweep reports against is 5% (XLA:CPU) and 10% (XLA:TPU).
-TOLERANCE = {"cpu": 0.48, "tpu": 0.48}
+TOLERANCE = {"cpu": 0.29, "tpu": 0.42}
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,28 @@ def test_arguments_and_outputs_are_xla_cpu_s_to_the_byte(case: Case) -> None:
         stats["argument_size_in_bytes"],
         stats["output_size_in_bytes"],
     )
+
+
+def test_verify_compiles_for_tpu_as_the_sweep_does() -> None:
+    """`plan --verify` with a TPU preset compiles the HLO text with libtpu; the sweep compiles the same
+    step through JAX's ahead-of-time API. Both are XLA:TPU for the same slice: arguments and outputs
+    agree to the byte. Temporaries do not yet: JAX's compile of this step needs 248.7 MB of them and
+    the text's 305.0 MB (on the JAX corpus L8 step the totals agree within 1%), so the total is held
+    to today's 15.4% gap."""
+    from planner import parse_hlo
+    from planner.plan.verify import allows_output_propagation, compile_with_xla
+
+    case = next(c for c in CI_SUBSET if c.front_end == "jax" and c.partitioner == "gspmd" and c.chip == "v6e")
+    ensure_references([case])
+    hlo = reference_path(case)
+    sweep = json.loads(hlo.with_suffix(".xla.json").read_text())["tpu"]["memory"]
+    text = hlo.read_text()
+    report = compile_with_xla(
+        text, case.mesh.num_devices, allows_output_propagation(parse_hlo(text)), tpu_topology=case.tpu_topology
+    )
+    assert "XLA:TPU" in report["xla"]
+    assert (report["argument_bytes"], report["output_bytes"]) == (
+        sweep["argument_size_in_bytes"],
+        sweep["output_size_in_bytes"],
+    )
+    assert abs(report["total_bytes"] - sweep["total_bytes"]) / sweep["total_bytes"] <= 0.155

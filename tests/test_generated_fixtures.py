@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from reference import while_shape_mismatches
 
+from fidelity.agreement import while_shape_mismatches
 from planner import parse_hlo, parse_hlo_file
 from planner.memory import memory_report
 from planner.plan.planner import make_plan

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import CORPUS, xla_cases
-from reference import case_met, jax_agreement, torch_xla_agreement, while_shape_mismatches, xla_case_results
+from reference import case_met, jax_agreement, torch_xla_agreement, xla_case_results
+
+from fidelity.agreement import while_shape_mismatches
 
 TORCH_XLA = sorted(CORPUS.glob("torch_xla/*.truth.json"))
 JAX = sorted(CORPUS.glob("jax/*.xla.json"))

@@ -18,9 +18,9 @@ def mesh_arg(text: str) -> Mesh:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def chip_arg(text: str) -> int:
+def chip_arg(text: str) -> str:
     try:
-        return chip(text).hbm_bytes
+        return chip(text).name
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -42,4 +42,4 @@ def add_module_mesh_and_capacity(p: Any) -> None:
 
 
 def capacity_of(args: argparse.Namespace) -> int | None:
-    return args.chip if args.chip is not None else args.hbm  # type: ignore[no-any-return]
+    return chip(args.chip).hbm_bytes if args.chip is not None else args.hbm  # type: ignore[no-any-return]

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         min_bytes=args.min_bytes,
         manifest=manifest,
         verify=args.verify,
+        chip_name=args.chip,
     )
     if args.write_patched:
         args.write_patched.write_text(print_module(patched))
@@ -69,9 +70,10 @@ def render_plan(plan: Plan) -> str:
     if plan.partitioner != "gspmd":
         lines.append(f"  partitioner: {plan.partitioner}")
     capacity = f" of {_mib(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
+    compiler = "" if hbm.backend == "cpu" else f", as {hbm.backend}'s compiler allocates it"
     lines.append(
         f"  HBM per chip: {_mib(hbm.total_before)} -> {_mib(hbm.total_after)}{capacity} "
-        f"(saves {_mib(hbm.total_before - hbm.total_after)})"
+        f"(saves {_mib(hbm.total_before - hbm.total_after)}{compiler})"
     )
     over = [c for c, b in hbm.per_chip_before.items() if hbm.capacity_bytes and b > hbm.capacity_bytes]
     if over:
@@ -132,4 +134,9 @@ def render_plan(plan: Plan) -> str:
         state = "every stacked gradient at its shard" if v.stacked_gradients_at_shard else "gradients still too large:"
         lines.append(f"    {state}")
         lines.extend(f"      {m}" for m in v.gradient_mismatches)
+        if v.tpu is not None:
+            lines.append(
+                f"    {v.tpu.xla}: bytes per chip {_mib(v.tpu.before_total_bytes)} -> "
+                f"{_mib(v.tpu.after_total_bytes)} (saves {_mib(v.tpu.xla_saving_bytes)})"
+            )
     return "\n".join(lines)

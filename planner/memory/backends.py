@@ -51,3 +51,31 @@ def backend(name: str | Backend) -> Backend:
         return BACKENDS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def tpu_topology(chip_name: str, num_devices: int) -> str | None:
+    """A topology libtpu describes for `num_devices` devices of this chip, or None.
+
+    v6e and v5e slices are 2D (8 devices: `v6e:2x4`, 256: `v6e:16x16`), v5p and v4 slices 3D; a v4
+    chip holds two devices (`v4:2x2x1` is 8 devices).
+    """
+    name = chip_name.lower()
+    if name in ("v6e", "v5e"):
+        a = int(num_devices**0.5)
+        while a > 1 and num_devices % a:
+            a -= 1
+        b = num_devices // a
+        return f"{name}:{a}x{b}" if a * b == num_devices and b <= 16 else None
+    if name in ("v5p", "v4"):
+        chips, rest = divmod(num_devices, 2 if name == "v4" else 1)
+        triples = [
+            (x, y, chips // (x * y))
+            for x in range(1, chips + 1)
+            for y in range(1, chips + 1)
+            if not rest and chips % (x * y) == 0 and x >= y >= chips // (x * y)
+        ]
+        if not triples:
+            return None
+        x, y, z = min(triples, key=lambda t: t[0] / t[2])
+        return f"{name}:{x}x{y}x{z}"
+    return None

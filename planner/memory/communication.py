@@ -23,10 +23,10 @@ def issues_weight_gathers_first(module: HloModule) -> bool:
 
     jaxlib 0.7.1's XLA:CPU does: every gather of the layer's weights at the top of the body, live
     until the layer's weight-gradient partial sums are reduced. torch_xla 2.9 compiles with the XLA
-    it bundles, whose schedule interleaves each gather with its use; torch_xla names every module it
-    compiles SyncTensorsGraph.N.
+    it bundles, whose schedule interleaves each gather with its use. torch_xla names the modules it
+    compiles SyncTensorsGraph.N, and IrToHlo.N the ones a client captures before compiling.
     """
-    return not module.name.startswith("SyncTensorsGraph")
+    return not module.name.startswith(("SyncTensorsGraph", "IrToHlo"))
 
 
 def _from_parameter_only(comp: Computation) -> set[str]:
@@ -102,6 +102,9 @@ def communication_buffers(
                 if plan.partial:
                     # Partial sums: the all-reduce writes a second buffer before the result is sliced.
                     spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: all-reduced result", shape))
+            elif plan.partial:
+                # Partial sums the all-reduce turns into the result: the dot writes them first.
+                spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: partial sums", shape))
         if early and spans:
             # The layer's weight-gradient partial sums are interleaved with its gathered weights: a
             # weight's gather stays live until the last partial sum of the body has been reduced.

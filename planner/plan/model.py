@@ -111,6 +111,7 @@ class BufferInfo(BaseModel):
 
 
 class HbmInfo(BaseModel):
+    backend: str = Field(default="cpu", description="the compiler predicted: cpu (XLA:CPU) or a TPU chip preset")
     capacity_bytes: int | None
     per_chip_before: dict[str, int]
     per_chip_after: dict[str, int]
@@ -126,6 +127,14 @@ class HbmInfo(BaseModel):
         return self.total_before - self.total_after
 
 
+class TpuVerification(BaseModel):
+    xla: str = Field(description="libtpu's XLA:TPU, compiling ahead of time with no TPU attached")
+    topology: str = Field(description="the slice compiled for, e.g. v6e:2x4")
+    before_total_bytes: int
+    after_total_bytes: int
+    xla_saving_bytes: int
+
+
 class Verification(BaseModel):
     xla: str = Field(description="the XLA that compiled both modules")
     num_devices: int
@@ -136,6 +145,9 @@ class Verification(BaseModel):
     after_while_shapes: list[str]
     stacked_gradients_at_shard: bool
     gradient_mismatches: list[str] = Field(description="stacked gradients XLA keeps larger than their shard")
+    tpu: TpuVerification | None = Field(
+        default=None, description="XLA:TPU's bytes per chip for both modules, for a TPU chip preset with libtpu"
+    )
     seconds: float
 
 

@@ -23,6 +23,7 @@ from planner.hlo.loops import while_loops
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_gspmd
 from planner.memory import MemoryReport, memory_report
+from planner.memory.backends import BACKENDS, tpu_topology
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.mesh import Mesh
 from planner.plan.findings import Finding, buffer_findings
@@ -65,10 +66,21 @@ class Simulation:
 
 
 def simulate(
-    module: HloModule, options: PropagationOptions, mesh: Mesh | None, capacity_bytes: int | None
+    module: HloModule,
+    options: PropagationOptions,
+    mesh: Mesh | None,
+    capacity_bytes: int | None,
+    backend: str = "cpu",
 ) -> Simulation:
     result = propagate(module, options, inline=False)
-    return Simulation(module, result, memory_report(module, mesh, capacity_bytes, result=result))
+    return Simulation(module, result, memory_report(module, mesh, capacity_bytes, result=result, backend=backend))
+
+
+def backend_for_chip(chip_name: str | None) -> str:
+    """The compiler a chip preset runs (its own name for TPUs), or XLA:CPU's without a preset."""
+    if chip_name is None:
+        return "cpu"
+    return chip_name if chip_name in BACKENDS else "gpu"
 
 
 def make_plan(
@@ -80,10 +92,12 @@ def make_plan(
     min_bytes: int = 1 << 20,
     manifest: Manifest | None = None,
     verify: bool = False,
+    chip_name: str | None = None,
 ) -> tuple[Plan, HloModule]:
     """The plan for `module`, and the module patched with its recommended placements.
 
-    With `verify`, real XLA compiles the original and the patched module (see `verify`).
+    With `verify`, real XLA compiles the original and the patched module (see `verify`): XLA:CPU,
+    and XLA:TPU too when `chip_name` is a TPU preset and libtpu is installed.
     """
     options = options or PropagationOptions.from_module(module)
     mesh = resolve_mesh(module, mesh)
@@ -91,7 +105,8 @@ def make_plan(
     if manifest is not None:
         _check_manifest(module, manifest)
     inlined = inline_calls(to_gspmd(module)).module
-    before = simulate(inlined, options, mesh, capacity_bytes)
+    backend = backend_for_chip(chip_name)
+    before = simulate(inlined, options, mesh, capacity_bytes, backend)
     num_devices = before.memory.num_devices
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
     gradients = stacked_gradients(inlined, before.result, manifest, mesh)
@@ -113,7 +128,7 @@ def make_plan(
     def with_placements(chosen: list[Placement]) -> Simulation:
         key = frozenset(p.id for p in chosen)
         if key not in simulations:
-            simulations[key] = simulate(apply_placements(inlined, chosen), options, mesh, capacity_bytes)
+            simulations[key] = simulate(apply_placements(inlined, chosen), options, mesh, capacity_bytes, backend)
         return simulations[key]
 
     alone = {p.id: with_placements([p]).total for p in candidates}
@@ -157,6 +172,7 @@ def make_plan(
         partitioner=_partitioner_note(module),
         loops=_loops(before, after),
         hbm=HbmInfo(
+            backend=backend,
             capacity_bytes=capacity_bytes,
             per_chip_before={str(k): v for k, v in before.memory.per_chip_bytes.items()},
             per_chip_after={str(k): v for k, v in after.memory.per_chip_bytes.items()},
@@ -175,7 +191,8 @@ def make_plan(
         alternatives=alternatives,
     )
     if verify:
-        plan.verification = verify_with_xla(module, patched, plan, gradients, num_devices)
+        topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
+        plan.verification = verify_with_xla(module, patched, plan, gradients, num_devices, topology)
     return plan, patched
 
 

@@ -9,6 +9,7 @@ of the patched module's partitioned While loops is at its parameter's shard.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -20,15 +21,22 @@ from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import TupleShape, parse_shape
-from planner.plan.model import Plan, Verification
+from planner.plan.model import Plan, TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
 
 TIME_LIMIT_SECONDS = 600
 
 
-def compile_with_xla(text: str, num_devices: int, allow_output: bool, timeout: float = TIME_LIMIT_SECONDS) -> dict:
-    """XLA's report for one module (see `xla_compile`)."""
-    request = json.dumps({"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output})
+def compile_with_xla(
+    text: str,
+    num_devices: int,
+    allow_output: bool,
+    timeout: float = TIME_LIMIT_SECONDS,
+    tpu_topology: str | None = None,
+) -> dict:
+    """XLA's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`."""
+    request = json.dumps({"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output,
+                          "tpu_topology": tpu_topology})  # fmt: skip
     try:
         done = subprocess.run(
             [sys.executable, "-m", "planner.plan.xla_compile"],
@@ -44,18 +52,46 @@ def compile_with_xla(text: str, num_devices: int, allow_output: bool, timeout: f
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         if "No module named 'jax" in done.stderr:
             tail = "jaxlib is not installed: install the `xla` extra (pip install 'spmd-planner[xla]')"
+        elif tpu_topology and "libtpu" in done.stderr.lower() and "not found" in done.stderr.lower():
+            tail = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
         raise PlanningError(f"XLA could not compile the module: {tail}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def allows_output_propagation(module: HloModule) -> bool:
+    """Whether the module's header lets propagation shard its outputs, as the compile it came from did."""
+    return any(module.attr("allow_spmd_sharding_propagation_to_output") or ())
+
+
+def libtpu_installed() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
 def verify(
-    original: HloModule, patched: HloModule, plan: Plan, gradients: list[StackedGradient], num_devices: int
+    original: HloModule,
+    patched: HloModule,
+    plan: Plan,
+    gradients: list[StackedGradient],
+    num_devices: int,
+    tpu_topology: str | None = None,
 ) -> Verification:
-    allow_output = any(original.attr("allow_spmd_sharding_propagation_to_output") or ())
+    """XLA:CPU compiles both modules; with `tpu_topology` (and libtpu installed) XLA:TPU does too."""
+    allow_output = allows_output_propagation(original)
     start = time.perf_counter()
     before = compile_with_xla(print_module(original), num_devices, allow_output)
     after = compile_with_xla(print_module(patched), num_devices, allow_output)
     mismatches = gradient_mismatches(after["while_shapes"], patched, gradients)
+    tpu = None
+    if tpu_topology is not None and libtpu_installed():
+        tpu_before = compile_with_xla(print_module(original), num_devices, allow_output, tpu_topology=tpu_topology)
+        tpu_after = compile_with_xla(print_module(patched), num_devices, allow_output, tpu_topology=tpu_topology)
+        tpu = TpuVerification(
+            xla=tpu_after["xla"],
+            topology=tpu_topology,
+            before_total_bytes=tpu_before["total_bytes"],
+            after_total_bytes=tpu_after["total_bytes"],
+            xla_saving_bytes=tpu_before["total_bytes"] - tpu_after["total_bytes"],
+        )
     return Verification(
         xla=after["xla"],
         num_devices=num_devices,
@@ -66,6 +102,7 @@ def verify(
         after_while_shapes=[w["shape"] for w in after["while_shapes"]],
         stacked_gradients_at_shard=not mismatches,
         gradient_mismatches=mismatches,
+        tpu=tpu,
         seconds=round(time.perf_counter() - start, 3),
     )
 

@@ -2,11 +2,15 @@
 
 Run as a subprocess (`python -m planner.plan.xla_compile`), one module per
 process: XLA reads its flags (device count, dump folder) once per process.
-Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL}` as JSON on stdin and
-prints one JSON line: XLA's version, compiled memory statistics (bytes per
-device) and each While's carried tuple per device right after SPMD
-partitioning. Needs jaxlib (the `xla` extra); the text goes through StableHLO,
-which is the only way jaxlib compiles.
+Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL, "tpu_topology": T}`
+as JSON on stdin and prints one JSON line: XLA's version, compiled memory
+statistics (bytes per device) and each While's carried tuple per device right
+after SPMD partitioning. Needs jaxlib (the `xla` extra); the text goes through
+StableHLO, which is the only way jaxlib compiles. With `tpu_topology` (e.g.
+`v6e:2x4`, needs libtpu from the `tpu` extra) XLA:TPU compiles it ahead of
+time for that slice, with no TPU attached: the bytes a user's chip will see.
+This is the one place the planner asks a real compiler; the reference sweep's
+TPU numbers come from the same libtpu through JAX's ahead-of-time API.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from typing import Any
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(")
 
 
-def compile_spmd(text: str, num_devices: int, allow_output: bool = False) -> tuple[Any, float]:
-    """(executable, seconds): text -> HloModule -> StableHLO -> SPMD program for `num_devices` CPU devices.
+def compile_spmd(
+    text: str, num_devices: int, allow_output: bool = False, tpu_topology: str | None = None
+) -> tuple[Any, float]:
+    """(executable, seconds): text -> HloModule -> StableHLO -> SPMD program for `num_devices` devices.
 
-    XLA reads its device count when jax first starts: set
-    `--xla_force_host_platform_device_count` in XLA_FLAGS before calling.
+    CPU devices unless `tpu_topology` names a TPU slice libtpu describes. XLA reads its CPU device
+    count when jax first starts: set `--xla_force_host_platform_device_count` in XLA_FLAGS first.
     """
     import jax
     from jax._src import xla_bridge
@@ -47,11 +53,31 @@ def compile_spmd(text: str, num_devices: int, allow_output: bool = False) -> tup
         build.use_shardy_partitioner = False
     if allow_output:
         build.allow_spmd_sharding_propagation_to_output = [True]
+    if tpu_topology is not None:
+        from jax.experimental import topologies
+
+        slice_devices = topologies.get_topology_desc(platform="tpu", topology_name=tpu_topology).devices
+        if len(slice_devices) < num_devices:
+            raise ValueError(f"TPU topology {tpu_topology} has {len(slice_devices)} devices, the module {num_devices}")
+        # A compile-only client: the executable is never loaded, only its memory statistics are read.
+        chosen = tuple(slice_devices[:num_devices])
+        client = getattr(chosen[0], "client")  # noqa: B009  (jaxlib types devices loosely)
+        executable = client.compile(mlir, xla_client.DeviceList(chosen), options)
+        return executable, time.perf_counter() - start
     client = xla_bridge.get_backend()
     devices = xla_client.DeviceList(tuple(jax.devices()[:num_devices]))
     compile_fn = client.compile_and_load if hasattr(client, "compile_and_load") else client.compile
     executable = compile_fn(mlir, devices, options)
     return executable, time.perf_counter() - start
+
+
+def _libtpu_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("libtpu")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def memory_total(executable: Any) -> int:
@@ -71,17 +97,25 @@ def main() -> int:
         "--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=spmd-partitioning"
     )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    topology = request.get("tpu_topology")
+    if topology:
+        # libtpu locks a file per process unless told that several processes may load it.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jaxlib
 
-    executable, seconds = compile_spmd(request["hlo"], n, bool(request.get("allow_output")))
+    executable, seconds = compile_spmd(request["hlo"], n, bool(request.get("allow_output")), topology)
     stats = executable.get_compiled_memory_stats()
     whiles = []
-    partitioned = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
+    # XLA:CPU's pass is spmd-partitioning, XLA:TPU's tpu-spmd-partitioning.
+    partitioned = sorted(glob.glob(os.path.join(dump, "*after_*spmd-partitioning*.txt")))
     if partitioned:
         with open(partitioned[-1]) as f:
             whiles = [{"name": m.group(1), "shape": m.group(2)} for line in f if (m := _WHILE.match(line))]
     print(json.dumps({
-        "xla": f"jaxlib {jaxlib.__version__} (XLA GSPMD on {n} virtual CPU devices)",
+        "xla": f"jaxlib {jaxlib.__version__} " + (
+            f"(XLA:TPU, libtpu {_libtpu_version()}, GSPMD ahead of time for {topology})"
+            if topology else f"(XLA GSPMD on {n} virtual CPU devices)"
+        ),
         "total_bytes": memory_total(executable),
         "argument_bytes": int(stats.argument_size_in_bytes),
         "output_bytes": int(stats.output_size_in_bytes),

@@ -1,0 +1,51 @@
+"""Whether our propagation reaches XLA's partitioned program: per-device While shapes, element by element.
+
+The shapes a loop carries after XLA's SPMD partitioner are the memory the loop holds; when ours
+equal them, a memory error lies in the memory model, not in propagation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner import parse_hlo_file
+from planner.hlo.inline import inline_calls
+from planner.hlo.scanner import Cursor
+from planner.hlo.shapes import Shape, TupleShape, parse_shape
+from planner.propagation import propagate
+from planner.sharding import HloSharding
+
+
+def per_device_dims(shape: Shape, sharding: HloSharding) -> list[tuple[int, ...]]:
+    leaves = shape.leaves()
+    elements = sharding.elements if sharding.is_tuple else (sharding,) * len(leaves)
+    return [s.shard_shape(leaf.dims) for leaf, s in zip(leaves, elements)]
+
+
+def while_shape_mismatches(hlo_path: Path, xla_whiles: list[dict[str, str]]) -> tuple[int, list[str]]:
+    """Per-device While tuple shapes from the user-facing dump against XLA's partitioned ones.
+
+    Returns (elements compared, descriptions of the ones that differ). Loops
+    are paired by their tuple structure (arity and element dims).
+    """
+    module = parse_hlo_file(hlo_path)
+    result = propagate(module)
+    inlined = inline_calls(module).module
+    shapes = {i.name: i.shape for c in inlined.computations for i in c}
+    ours = [i for i in result.instructions if i.opcode == "while"]
+    compared, misses = 0, []
+    for entry in xla_whiles:
+        xla_shape = parse_shape(Cursor(entry["shape"]), {})
+        assert isinstance(xla_shape, TupleShape)
+        xla_dims = [leaf.dims for leaf in xla_shape.leaves()]
+        matches = [w for w in ours if len(shapes[w.name].leaves()) == len(xla_dims)]
+        if len(matches) != 1:
+            misses.append(f"{entry['name']}: {len(matches)} loops of arity {len(xla_dims)} in our module")
+            continue
+        loop = matches[0]
+        assert loop.sharding is not None, f"{loop.name} has no sharding"
+        for index, (got, want) in enumerate(zip(per_device_dims(shapes[loop.name], loop.sharding), xla_dims)):
+            compared += 1
+            if tuple(got) != tuple(want):
+                misses.append(f"{loop.name} element {index}: ours {list(got)} XLA {list(want)}")
+    return compared, misses
