@@ -24,6 +24,8 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
+
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(")
 
 
@@ -61,6 +63,20 @@ def compile_spmd(
             raise ValueError(f"TPU topology {tpu_topology} has {len(slice_devices)} devices, the module {num_devices}")
         # A compile-only client: the executable is never loaded, only its memory statistics are read.
         chosen = tuple(slice_devices[:num_devices])
+        # The options JAX compiles with, device assignment included: without one XLA:TPU places the
+        # partitions on the slice its own way, and schedules (and sizes temporaries) differently.
+        from jax._src import compiler
+
+        options = compiler.get_compile_options(
+            num_replicas=1,
+            num_partitions=num_devices,
+            device_assignment=np.array(chosen).reshape(1, num_devices),
+            use_spmd_partitioning=True,
+        )
+        build = options.executable_build_options
+        build.use_shardy_partitioner = False
+        if allow_output:
+            build.allow_spmd_sharding_propagation_to_output = [True]
         client = getattr(chosen[0], "client")  # noqa: B009  (jaxlib types devices loosely)
         executable = client.compile(mlir, xla_client.DeviceList(chosen), options)
         return executable, time.perf_counter() - start
