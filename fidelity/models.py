@@ -16,14 +16,18 @@ from fidelity.cases import Case, ModelSize
 # projections shard `in` over fsdp and `out` over tp, the row-parallel ones the other way round; norms
 # and the biases of row-parallel outputs stay replicated.
 Spec = tuple[str | None, ...]
+# Llama's attention block and its two norms, which the mixture-of-experts layer shares.
+_ATTENTION_SPECS: dict[str, Spec] = {
+    "attn_norm": (None, None),
+    "mlp_norm": (None, None),
+    "wq": (None, "fsdp", "tp"),
+    "wk": (None, "fsdp", "tp"),
+    "wv": (None, "fsdp", "tp"),
+    "wo": (None, "tp", "fsdp"),
+}
 FAMILY_PARAM_SPECS: dict[str, dict[str, Spec]] = {
     "llama": {
-        "attn_norm": (None, None),
-        "mlp_norm": (None, None),
-        "wq": (None, "fsdp", "tp"),
-        "wk": (None, "fsdp", "tp"),
-        "wv": (None, "fsdp", "tp"),
-        "wo": (None, "tp", "fsdp"),
+        **_ATTENTION_SPECS,
         "w_gate": (None, "fsdp", "tp"),
         "w_up": (None, "fsdp", "tp"),
         "w_down": (None, "tp", "fsdp"),
@@ -49,20 +53,12 @@ FAMILY_PARAM_SPECS: dict[str, dict[str, Spec]] = {
         "b_out": (None, None),
     },
     "moe": {
-        "attn_norm": (None, None),
-        "mlp_norm": (None, None),
-        "wq": (None, "fsdp", "tp"),
-        "wk": (None, "fsdp", "tp"),
-        "wv": (None, "fsdp", "tp"),
-        "wo": (None, "tp", "fsdp"),
+        **_ATTENTION_SPECS,
         "router": (None, "fsdp", None),
         "w_in": (None, None, "fsdp", "tp"),
         "w_out": (None, None, "tp", "fsdp"),
     },
 }
-# The committed fixtures' names for the llama table.
-JAX_PARAM_SPECS = FAMILY_PARAM_SPECS["llama"]
-JAX_INPUT_SPEC: Spec = ("fsdp", None, None)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
