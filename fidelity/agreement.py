@@ -10,9 +10,10 @@ from pathlib import Path
 
 from planner import parse_hlo_file
 from planner.hlo.inline import inline_calls
+from planner.hlo.ir import HloModule
 from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import Shape, TupleShape, parse_shape
-from planner.propagation import propagate
+from planner.propagation import PropagationResult, propagate
 from planner.sharding import HloSharding
 
 
@@ -22,14 +23,17 @@ def per_device_dims(shape: Shape, sharding: HloSharding) -> list[tuple[int, ...]
     return [s.shard_shape(leaf.dims) for leaf, s in zip(leaves, elements)]
 
 
-def while_shape_mismatches(hlo_path: Path, xla_whiles: list[dict[str, str]]) -> tuple[int, list[str]]:
+def while_shape_mismatches(
+    hlo: Path | HloModule, xla_whiles: list[dict[str, str]], result: PropagationResult | None = None
+) -> tuple[int, list[str]]:
     """Per-device While tuple shapes from the user-facing dump against XLA's partitioned ones.
 
-    Returns (elements compared, descriptions of the ones that differ). Loops
-    are paired by their tuple structure (arity and element dims).
+    `result` is `propagate(module)` when the caller has it already. Returns (elements compared,
+    descriptions of the ones that differ). Loops are paired by their tuple structure (arity and
+    element dims).
     """
-    module = parse_hlo_file(hlo_path)
-    result = propagate(module)
+    module = parse_hlo_file(hlo) if isinstance(hlo, Path) else hlo
+    result = result if result is not None else propagate(module)
     inlined = inline_calls(module).module
     shapes = {i.name: i.shape for c in inlined.computations for i in c}
     ours = [i for i in result.instructions if i.opcode == "while"]

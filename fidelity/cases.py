@@ -12,6 +12,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
+from planner.memory.backends import tpu_topology
+
 FRONT_ENDS = ("jax", "torch_xla")
 PARTITIONERS = ("gspmd", "shardy")
 FAMILIES = ("llama", "gpt2", "mlp", "moe")
@@ -23,15 +25,6 @@ REMAT_POLICIES = (None, "full", "dots", "min_cut")
 # torch_xla's ways of running the layer stack: scan_layers as shipped (gradients shard_as their
 # weights), scan_layers with that shard_as disabled, and a plain Python loop over the layers.
 TORCH_MODES = ("scan", "scan_no_shard_as", "loop")
-# libtpu topologies the ahead-of-time TPU compile targets, by chip preset and device count.
-TPU_TOPOLOGIES = {
-    ("v6e", 8): "v6e:2x4",
-    ("v6e", 256): "v6e:16x16",
-    ("v5p", 8): "v5p:2x2x2",
-    ("v5e", 8): "v5e:2x4",
-    ("v5e", 256): "v5e:16x16",
-    ("v4", 8): "v4:2x2x1",
-}
 
 
 @dataclass(frozen=True)
@@ -133,7 +126,7 @@ class Case:
 
     @property
     def tpu_topology(self) -> str | None:
-        return None if self.chip is None else TPU_TOPOLOGIES.get((self.chip, self.mesh.num_devices))
+        return None if self.chip is None else tpu_topology(self.chip, self.mesh.num_devices)
 
     def config(self) -> dict[str, object]:
         """The `config` record of NAME.xla.json, in the corpus's keys (D, F, H, ...) plus what this sweep varies."""

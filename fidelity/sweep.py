@@ -22,6 +22,8 @@ from typing import Any
 from fidelity.agreement import while_shape_mismatches
 from fidelity.cases import CASES, CI_CASES, Case, case_named
 from fidelity.references import ensure_references, reference_path
+from planner.hlo.ir import HloModule
+from planner.propagation import PropagationResult
 
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 
@@ -50,27 +52,34 @@ def compiler_bytes(record: dict[str, object], backend: str) -> int:
 
 
 def predict(case: Case) -> list[Row]:
+    """Our bytes for each compiler that compiled the case, from one propagation of its module."""
     from planner import parse_hlo_file
     from planner.memory import memory_report
+    from planner.propagation import propagate
 
     hlo = reference_path(case)
     record = json.loads(hlo.with_suffix(".xla.json").read_text())
     module = parse_hlo_file(hlo)
-    agreement = propagation_agreement(hlo, record)
-    rows = [
-        Row(case, "cpu", compiler_bytes(record, "cpu"), memory_report(module, backend="cpu").total_bytes, agreement)
+    result = propagate(module)
+    agreement = propagation_agreement(module, result, record)
+    backends = [("cpu", "cpu")] + ([(case.chip or "tpu", "tpu")] if record.get("tpu") else [])
+    return [
+        Row(
+            case,
+            backend,
+            compiler_bytes(record, compiler),
+            memory_report(module, result=result, backend=backend).total_bytes,
+            agreement,
+        )
+        for backend, compiler in backends
     ]
-    if record.get("tpu"):
-        ours = memory_report(module, backend=case.chip or "tpu").total_bytes
-        rows.append(Row(case, case.chip or "tpu", compiler_bytes(record, "tpu"), ours, agreement))
-    return rows
 
 
-def propagation_agreement(hlo: Path, record: dict[str, Any]) -> str:
+def propagation_agreement(module: HloModule, result: PropagationResult, record: dict[str, Any]) -> str:
     whiles = record.get("post_partition_while_shapes") or record.get("xla_post_partition_while_shapes")
     if not whiles:
         return "n/a"
-    compared, misses = while_shape_mismatches(hlo, whiles)
+    compared, misses = while_shape_mismatches(module, whiles, result)
     if any("loops of arity" in m for m in misses):
         return "loops differ"
     return "exact" if not misses else f"{len(misses)} of {compared} differ"

@@ -38,6 +38,14 @@ _CHEAP = frozenset("broadcast reshape iota slice convert".split())
 _VIEWS = frozenset({"get-tuple-element", "tuple", "bitcast", "reshape", "parameter", "opt-barrier"})
 
 
+Value = tuple[str, str, int]  # (computation, instruction, leaf index)
+
+
+def array_leaves(shape: Shape) -> tuple[ArrayShape, ...]:
+    """The arrays of a shape, in order: the shape itself when it is not a tuple."""
+    return shape.leaves() if isinstance(shape, TupleShape) else (shape,)  # type: ignore[return-value]
+
+
 @dataclass
 class Buffer:
     """One allocation: a set of values that share memory."""
@@ -53,7 +61,7 @@ class Buffer:
     start: int = 0
     end: int = 0
     loop: str | None = None  # the While whose carried tuple holds it
-    values: list[tuple[str, str, int]] = field(default_factory=list)
+    values: list[Value] = field(default_factory=list)
 
     @property
     def is_stacked(self) -> bool:
@@ -61,7 +69,7 @@ class Buffer:
 
 
 def leaf_shardings(shape: Shape, sharding: HloSharding | None) -> list[HloSharding | None]:
-    leaves = shape.leaves() if isinstance(shape, TupleShape) else (shape,)
+    leaves = array_leaves(shape)
     if sharding is None:
         return [None] * len(leaves)
     if sharding.is_tuple:
@@ -102,4 +110,13 @@ def sharding_of(result: PropagationResult, name: str) -> HloSharding | None:
     return result.sharding(name) if name in result else None
 
 
-__all__ = ["Buffer", "HloModule", "leaf_shardings", "materialises", "per_device_bytes", "sharding_of"]
+__all__ = [
+    "Buffer",
+    "HloModule",
+    "Value",
+    "array_leaves",
+    "leaf_shardings",
+    "materialises",
+    "per_device_bytes",
+    "sharding_of",
+]

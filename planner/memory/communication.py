@@ -42,15 +42,27 @@ def _from_parameter_only(comp: Computation) -> set[str]:
     return found
 
 
+SPAN_KINDS = ("gathered", "result before reduction", "all-reduced result", "partial sums")
+
+
 @dataclass(frozen=True)
 class Span:
-    """A buffer the SPMD partitioner adds, live from `start` to `end` (positions in its computation)."""
+    """A buffer the SPMD partitioner adds for `dot`, live from `start` to `end` (positions in its computation)."""
 
     start: int
     end: int
     size_bytes: int
-    label: str
-    shape: ArrayShape  # of the dot it serves: its element type is the one the backend computes in
+    dot: str
+    kind: str  # one of SPAN_KINDS
+    shape: ArrayShape  # the dot's: its element type is the one the backend computes in
+    operand: str | None = None  # what a gather gathers
+
+    def __post_init__(self) -> None:
+        assert self.kind in SPAN_KINDS, self.kind
+
+    @property
+    def label(self) -> str:
+        return f"{self.dot}: {self.kind}" + (f" {self.operand}" if self.operand else "")
 
 
 def communication_buffers(
@@ -96,15 +108,15 @@ def communication_buffers(
                     key = (operand.name, need)
                     earlier = gathers.get(key)
                     start = earlier.start if earlier else (0 if operand.name in invariant else positions[operand.name])
-                    gathers[key] = Span(start, pos, need, f"{inst.name}: gathered {operand.name}", shape)
+                    gathers[key] = Span(start, pos, need, inst.name, "gathered", shape, operand.name)
             if plan.result_bytes > per_device_bytes(shape, output):
-                spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: result before reduction", shape))
+                spans.append(Span(pos, pos, plan.result_bytes, inst.name, "result before reduction", shape))
                 if plan.partial:
                     # Partial sums: the all-reduce writes a second buffer before the result is sliced.
-                    spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: all-reduced result", shape))
+                    spans.append(Span(pos, pos, plan.result_bytes, inst.name, "all-reduced result", shape))
             elif plan.partial:
                 # Partial sums the all-reduce turns into the result: the dot writes them first.
-                spans.append(Span(pos, pos, plan.result_bytes, f"{inst.name}: partial sums", shape))
+                spans.append(Span(pos, pos, plan.result_bytes, inst.name, "partial sums", shape))
         if early and spans:
             # The layer's weight-gradient partial sums are interleaved with its gathered weights: a
             # weight's gather stays live until the last partial sum of the body has been reduced.

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
-from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.shapes import ArrayShape
 from planner.memory.backends import Backend
-from planner.memory.buffers import leaf_shardings, per_device_bytes, sharding_of
+from planner.memory.buffers import Value, array_leaves, leaf_shardings, per_device_bytes, sharding_of
 from planner.propagation import PropagationResult
 
-Value = tuple[str, str, int]  # (computation, instruction, leaf index)
-
-
-def _leaves(shape: Shape) -> tuple[ArrayShape, ...]:
-    return shape.leaves() if isinstance(shape, TupleShape) else (shape,)  # type: ignore[return-value]
-
-
-# Ops that only re-index a value on its way to a dot: the dot reads the same elements.
-_DOT_VIEWS = frozenset({"dynamic-slice", "reshape", "bitcast", "transpose", "copy", "get-tuple-element"})
+# Ops that move or relabel a value's elements without computing on them.
+_LAYOUT_OPS = frozenset({"reshape", "bitcast", "transpose", "copy"})
+# Reading a stacked buffer on its way to a dot: the dot reads the same elements.
+_DOT_VIEWS = _LAYOUT_OPS | {"dynamic-slice", "get-tuple-element"}
+# Writing a dot's result into a stacked buffer: the slice written is the dot's elements.
+_UPDATE_VIEWS = _LAYOUT_OPS | {"broadcast", "convert"}
 
 
 def read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
@@ -64,7 +61,7 @@ def updating_dot(module: HloModule, members: list[Value]) -> tuple[str, str] | N
             continue
         update = comp[inst.operands[1]]
         while True:
-            if update.opcode in ("reshape", "bitcast", "broadcast", "convert", "transpose", "copy"):
+            if update.opcode in _UPDATE_VIEWS:
                 update = comp[update.operands[0]]
             elif update.opcode == "get-tuple-element" and comp[update.operands[0]].opcode == "tuple":
                 update = comp[comp[update.operands[0]].operands[update.attr("index")]]  # an inlined call's result
@@ -76,9 +73,10 @@ def updating_dot(module: HloModule, members: list[Value]) -> tuple[str, str] | N
 
 
 def _explicit_precision(dot: Instruction) -> bool:
+    """HIGH or HIGHEST on an operand: XLA:TPU then computes in f32 and reads it unconverted."""
     precision = dot.attr("operand_precision")
     text = getattr(precision, "text", str(precision)) if precision is not None else ""
-    return any(p in text.lower() for p in ("high", "highest"))
+    return "high" in text.lower()
 
 
 def widened_bytes(size_bytes: int, shape: ArrayShape, target: Backend) -> int:
@@ -104,7 +102,7 @@ def hoisted_conversions(
             if not body.parameters:
                 continue
             shardings = leaf_shardings(loop.shape, sharding_of(result, loop.name))
-            leaves = _leaves(loop.shape)
+            leaves = array_leaves(loop.shape)
             for index in sorted(invariant_elements(body)):
                 leaf = leaves[index] if index < len(leaves) else None
                 if leaf is None or leaf.element_type not in ("bf16", "f16"):
@@ -131,6 +129,6 @@ def _sliced_into_dot(body: Computation, index: int) -> bool:
             op = body[user].opcode
             if op == "dot":
                 return True
-            if op in ("reshape", "bitcast", "transpose", "copy"):
+            if op in _LAYOUT_OPS:
                 stack.append(user)
     return False

@@ -40,7 +40,7 @@ def axis_grouping(sharding: HloSharding | None, dim: int) -> Grouping | None:
     assert tiles is not None
     if tiles.dims[dim] == 1:
         return None
-    devices = np.asarray(tiles._flat).reshape(tiles.dims)
+    devices = tiles.array()
     return frozenset(frozenset(np.take(devices, i, axis=dim).reshape(-1).tolist()) for i in range(tiles.dims[dim]))
 
 

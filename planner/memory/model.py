@@ -18,14 +18,20 @@ from planner.hlo.loops import invariant_elements
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
 from planner.memory.backends import Backend
 from planner.memory.backends import backend as backend_of
-from planner.memory.buffers import Buffer, leaf_shardings, materialises, per_device_bytes, sharding_of
+from planner.memory.buffers import (
+    Buffer,
+    Value,
+    array_leaves,
+    leaf_shardings,
+    materialises,
+    per_device_bytes,
+    sharding_of,
+)
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
-
-Value = tuple[str, str, int]  # (computation, instruction, leaf index)
 
 
 @dataclass
@@ -67,15 +73,11 @@ class _UnionFind:
             self.parent[rb] = ra
 
 
-def _leaves(shape: Shape) -> tuple[ArrayShape, ...]:
-    return shape.leaves() if isinstance(shape, TupleShape) else (shape,)  # type: ignore[return-value]
-
-
 def _offsets(shape: Shape) -> list[int]:
     offsets = [0]
     if isinstance(shape, TupleShape):
         for e in shape.elements:
-            offsets.append(offsets[-1] + len(_leaves(e)))
+            offsets.append(offsets[-1] + len(array_leaves(e)))
     return offsets
 
 
@@ -118,7 +120,7 @@ class _Model:
         return order
 
     def _define(self, comp: Computation, inst: Instruction) -> None:
-        leaves = _leaves(inst.shape)
+        leaves = array_leaves(inst.shape)
         shardings = leaf_shardings(inst.shape, sharding_of(self.result, inst.name))
         for i, (leaf, s) in enumerate(zip(leaves, shardings)):
             v = self.value(comp.name, inst.name, i)
@@ -138,7 +140,7 @@ class _Model:
         elif op == "tuple":
             k = 0
             for operand in operands:
-                for j in range(len(_leaves(operand.shape))):
+                for j in range(len(array_leaves(operand.shape))):
                     self._view(self.value(comp.name, operand.name, j), self.value(comp.name, inst.name, k))
                     k += 1
         elif op in ("bitcast", "reshape") and self.size[self.value(comp.name, inst.name, 0)] == self.size.get(
@@ -187,7 +189,7 @@ class _Model:
         invariant = invariant_elements(body)
         order = {x.name: k for k, x in enumerate(comp.instructions)}
         taken: set[Value] = set()  # an init buffer feeds at most one carried element; XLA copies the rest
-        for i in range(len(_leaves(inst.shape))):
+        for i in range(len(array_leaves(inst.shape))):
             carried = self.value(comp.name, inst.name, i)
             init_value = self.value(comp.name, init.name, i)
             if i in dropped:
@@ -226,7 +228,7 @@ class _Model:
         return [
             v
             for p in entry.parameters
-            for i in range(len(_leaves(p.shape)))
+            for i in range(len(array_leaves(p.shape)))
             if (v := (entry.name, p.name, i)) in self.allocating
         ]
 
@@ -280,10 +282,11 @@ def estimate_memory(
     # XLA copies a root element that is an entry parameter or appears twice, so
     # every root leaf is an output buffer of its own; a value that is returned
     # once (and is not a parameter) simply becomes that output buffer.
-    root_keys = [uf.find((entry.name, entry.root_name, i)) for i in range(len(_leaves(entry.root.shape)))]
+    root_keys = [uf.find((entry.name, entry.root_name, i)) for i in range(len(array_leaves(entry.root.shape)))]
     root_values = {k for k in root_keys if root_keys.count(k) == 1}
     buffers: list[Buffer] = []
-    accumulators: list[tuple[tuple[str, str], Buffer]] = []
+    # (computation, dot) writing a half-float stacked buffer, and the f32 buffer XLA:CPU may accumulate it in.
+    accumulators: list[tuple[tuple[str, str], int, str, ArrayShape, HloSharding | None, int]] = []
     body_peaks: dict[str, int] = {}
     for key, members in groups.items():
         allocating = [v for v in members if v in model.allocating]
@@ -303,14 +306,14 @@ def estimate_memory(
         elif any(v in model.loop_of for v in members):
             category = "loop-carried"
         loop = next((model.loop_of[v] for v in members if v in model.loop_of), None)
+        half_float = backend.widens_half_floats and shape.element_type in ("bf16", "f16")
+        dot = updating_dot(module, members) if half_float and loop is not None else None
         if category == "temporary":
             size = widened_bytes(size, shape, backend)
         elif (
             category == "loop-carried"
-            and backend.widens_half_floats
-            and shape.element_type in ("bf16", "f16")
+            and dot is not None
             and len({model.loop_of[v] for v in members if v in model.loop_of}) > 1
-            and updating_dot(module, members) is not None
         ):
             # A dot result one loop saves for another (the forward's residual for the backward):
             # XLA:CPU stores the f32 product, the conversion moved past the update.
@@ -332,29 +335,21 @@ def estimate_memory(
         buffer = Buffer(
             len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members
         )
-        if (
-            backend.widens_half_floats
-            and loop is not None
-            and shape.element_type in ("bf16", "f16")
-            and loop in positions
-            and (dot := updating_dot(module, members)) is not None
-        ):
-            accumulators.append((dot, Buffer(0, 2 * size, f"{label} accumulated in f32", entry.name, shape, sharding,
-                                             "temporary", None, positions[loop], positions[loop])))  # fmt: skip
+        if dot is not None and loop in positions:
+            accumulators.append((dot, 2 * size, f"{label} accumulated in f32", shape, sharding, positions[loop]))
         if start < 0:
             # Local to a While body: counted in that body's own peak.
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
     communication = communication_buffers(module, result, model._walk_order())
-    reduced = {(comp, span.label.split(":")[0]) for comp, spans in communication.items() for span in spans
-               if span.label.endswith("all-reduced result")}  # fmt: skip
-    for dot, extra in accumulators:
+    reduced = {(comp, span.dot) for comp, spans in communication.items() for span in spans
+               if span.kind == "all-reduced result"}  # fmt: skip
+    for dot, size, label, shape, sharding, at in accumulators:
         # XLA:CPU reduces a dot's partial sums in f32; the stacked buffer the reduced slices are written
         # into is then accumulated in f32 through the loop and converted once the loop is done.
         if dot in reduced:
-            extra.id = len(buffers)
-            buffers.append(extra)
+            buffers.append(Buffer(len(buffers), size, label, entry.name, shape, sharding, "temporary", None, at, at))
     for span in communication.get(entry.name, []):
         size = widened_bytes(span.size_bytes, span.shape, backend)
         buffers.append(Buffer(len(buffers), size, span.label, entry.name, span.shape, None, "temporary", None,
@@ -388,14 +383,14 @@ def estimate_memory(
     peak -= on_chip
     argument = sum(b.size_bytes for b in buffers if b.category == "parameter")
     root_shardings = leaf_shardings(entry.root.shape, sharding_of(result, entry.root_name))
-    output = sum(per_device_bytes(leaf, s) for leaf, s in zip(_leaves(entry.root.shape), root_shardings))
+    output = sum(per_device_bytes(leaf, s) for leaf, s in zip(array_leaves(entry.root.shape), root_shardings))
     # The root tuple's own table of pointers, one per element.
-    output += 8 * len(_leaves(entry.root.shape)) if isinstance(entry.root.shape, TupleShape) else 0
+    output += 8 * len(array_leaves(entry.root.shape)) if isinstance(entry.root.shape, TupleShape) else 0
     peak_buffers = sorted((b for b in temps if b.start <= peak_position <= b.end), key=lambda b: -b.size_bytes)
     # Donated parameters (input_output_alias) share their buffer with an output.
     alias = sum(
         per_device_bytes(leaf, s)
-        for k, (leaf, s) in enumerate(zip(_leaves(entry.root.shape), root_shardings))
+        for k, (leaf, s) in enumerate(zip(array_leaves(entry.root.shape), root_shardings))
         if k in aliased_outputs(module)
     )
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
@@ -403,7 +398,7 @@ def estimate_memory(
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
     outputs = [
         (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)
-        for leaf, s in zip(_leaves(entry.root.shape), root_shardings)
+        for leaf, s in zip(array_leaves(entry.root.shape), root_shardings)
     ]
     estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate

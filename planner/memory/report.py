@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
-from planner.hlo.shapes import TupleShape
 from planner.hlo.shardy_import import resolve_mesh, to_gspmd
 from planner.memory.backends import backend as backend_of
-from planner.memory.buffers import Buffer, leaf_shardings, per_device_bytes, sharding_of
+from planner.memory.buffers import Buffer, array_leaves, leaf_shardings, per_device_bytes, sharding_of
 from planner.memory.model import MemoryEstimate, estimate_memory
 from planner.mesh import Mesh
 from planner.propagation import PropagationOptions, PropagationResult, propagate
@@ -117,13 +116,7 @@ def memory_report(
         raise ValueError(f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has "
                          f"num_partitions={partitions}")  # fmt: skip
     estimate = estimate_memory(inlined, result, mesh, backend)
-    report = _report(inlined, estimate, mesh, capacity_bytes, top)
-    return replace(
-        report,
-        backend=backend,
-        unmodelled=_unmodelled(inlined, result),
-        error_band=error_band(backend_of(backend).compiler),
-    )
+    return _report(inlined, estimate, mesh, capacity_bytes, top, backend, _unmodelled(inlined, result))
 
 
 def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelled, ...]:
@@ -134,10 +127,8 @@ def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelle
             inst = module.instruction(name)
         except KeyError:  # renamed or removed by propagation (a Sharding custom-call became a copy)
             continue
-        size = sum(per_device_bytes(leaf, s) for leaf, s in zip(
-            inst.shape.leaves() if isinstance(inst.shape, TupleShape) else (inst.shape,),
-            leaf_shardings(inst.shape, sharding_of(result, name)),
-        ))  # fmt: skip
+        shardings = leaf_shardings(inst.shape, sharding_of(result, name))
+        size = sum(per_device_bytes(leaf, s) for leaf, s in zip(array_leaves(inst.shape), shardings))
         lines.append(Unmodelled(name, inst.opcode, size, reason))
     return tuple(sorted(lines, key=lambda u: -u.per_device_bytes))
 
@@ -155,7 +146,13 @@ def error_band(compiler: str) -> ErrorBand | None:
 
 
 def _report(
-    module: HloModule, estimate: MemoryEstimate, mesh: Mesh | None, capacity: int | None, top: int
+    module: HloModule,
+    estimate: MemoryEstimate,
+    mesh: Mesh | None,
+    capacity: int | None,
+    top: int,
+    backend: str,
+    unmodelled: tuple[Unmodelled, ...],
 ) -> MemoryReport:
     trips = {loop.name: loop.trip_count for loop in while_loops(module)}
 
@@ -198,6 +195,9 @@ def _report(
         capacity_bytes=capacity,
         breakdown=breakdown,
         top_buffers=lines,
+        backend=backend,
+        unmodelled=unmodelled,
+        error_band=error_band(backend_of(backend).compiler),
     )
 
 

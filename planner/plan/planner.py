@@ -23,7 +23,7 @@ from planner.hlo.loops import while_loops
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_gspmd
 from planner.memory import MemoryReport, memory_report
-from planner.memory.backends import BACKENDS, tpu_topology
+from planner.memory.backends import tpu_topology
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.mesh import Mesh
 from planner.plan.findings import Finding, buffer_findings
@@ -76,13 +76,6 @@ def simulate(
     return Simulation(module, result, memory_report(module, mesh, capacity_bytes, result=result, backend=backend))
 
 
-def backend_for_chip(chip_name: str | None) -> str:
-    """The compiler a chip preset runs (its own name for TPUs), or XLA:CPU's without a preset."""
-    if chip_name is None:
-        return "cpu"
-    return chip_name if chip_name in BACKENDS else "gpu"
-
-
 def make_plan(
     module: HloModule,
     mesh: Mesh | None = None,
@@ -105,7 +98,8 @@ def make_plan(
     if manifest is not None:
         _check_manifest(module, manifest)
     inlined = inline_calls(to_gspmd(module)).module
-    backend = backend_for_chip(chip_name)
+    # Every chip preset names its compiler's backend; without one, XLA:CPU's (what --verify compiles).
+    backend = chip_name or "cpu"
     before = simulate(inlined, options, mesh, capacity_bytes, backend)
     num_devices = before.memory.num_devices
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))

@@ -38,52 +38,40 @@ def compile_spmd(
     count when jax first starts: set `--xla_force_host_platform_device_count` in XLA_FLAGS first.
     """
     import jax
-    from jax._src import xla_bridge
+    from jax._src import compiler, xla_bridge
     from jax._src.lib import xla_client
 
     jax.config.update("jax_use_shardy_partitioner", False)
     start = time.perf_counter()
     module = xla_client._xla.hlo_module_from_text(text)
     mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
-    options = xla_client.CompileOptions()
-    options.num_replicas = 1
-    options.num_partitions = num_devices
-    build = options.executable_build_options
-    build.num_partitions = num_devices
-    build.use_spmd_partitioning = True
-    if hasattr(build, "use_shardy_partitioner"):
-        build.use_shardy_partitioner = False
-    if allow_output:
-        build.allow_spmd_sharding_propagation_to_output = [True]
     if tpu_topology is not None:
         from jax.experimental import topologies
 
         slice_devices = topologies.get_topology_desc(platform="tpu", topology_name=tpu_topology).devices
         if len(slice_devices) < num_devices:
             raise ValueError(f"TPU topology {tpu_topology} has {len(slice_devices)} devices, the module {num_devices}")
-        # A compile-only client: the executable is never loaded, only its memory statistics are read.
         chosen = tuple(slice_devices[:num_devices])
-        # The options JAX compiles with, device assignment included: without one XLA:TPU places the
-        # partitions on the slice its own way, and schedules (and sizes temporaries) differently.
-        from jax._src import compiler
-
-        options = compiler.get_compile_options(
-            num_replicas=1,
-            num_partitions=num_devices,
-            device_assignment=np.array(chosen).reshape(1, num_devices),
-            use_spmd_partitioning=True,
-        )
-        build = options.executable_build_options
-        build.use_shardy_partitioner = False
-        if allow_output:
-            build.allow_spmd_sharding_propagation_to_output = [True]
+        # A compile-only client: the executable is never loaded, only its memory statistics are read.
         client = getattr(chosen[0], "client")  # noqa: B009  (jaxlib types devices loosely)
-        executable = client.compile(mlir, xla_client.DeviceList(chosen), options)
-        return executable, time.perf_counter() - start
-    client = xla_bridge.get_backend()
-    devices = xla_client.DeviceList(tuple(jax.devices()[:num_devices]))
-    compile_fn = client.compile_and_load if hasattr(client, "compile_and_load") else client.compile
-    executable = compile_fn(mlir, devices, options)
+        compile_fn = client.compile
+    else:
+        chosen = tuple(jax.devices()[:num_devices])
+        client = xla_bridge.get_backend()
+        compile_fn = client.compile_and_load if hasattr(client, "compile_and_load") else client.compile
+    # The options JAX compiles with, device assignment included: without one XLA:TPU places the
+    # partitions on the slice its own way, and schedules (and sizes temporaries) differently.
+    options = compiler.get_compile_options(
+        num_replicas=1,
+        num_partitions=num_devices,
+        device_assignment=np.array(chosen).reshape(1, num_devices),
+        use_spmd_partitioning=True,
+    )
+    build = options.executable_build_options
+    build.use_shardy_partitioner = False
+    if allow_output:
+        build.allow_spmd_sharding_propagation_to_output = [True]
+    executable = compile_fn(mlir, xla_client.DeviceList(chosen), options)
     return executable, time.perf_counter() - start
 
 
