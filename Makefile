@@ -1,5 +1,5 @@
 # Two entry points, both self-contained on a fresh machine with python3:
-#   make run   installs the planner (light dependencies) and runs it on the bundled dump
+#   make run   installs the planner (light dependencies) and plans the bundled dump (verdict first)
 #   make test  installs everything the tests need (dev + the real XLA stack, Debian's chromium for the
 #              browser test), lints, type-checks and runs them
 PYTHON ?= python3
@@ -12,7 +12,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: run test lint chromium
 
 run: $(VENV)/.installed-core
-	$(BIN)/spmd-planner parse
+	$(BIN)/spmd-planner plan --mesh fsdp=4,tp=2 --chip v6e
+	@echo
+	@echo "dashboard: $(BIN)/spmd-planner serve, then open http://127.0.0.1:8000/ and plan a dump there"
 
 test: lint chromium
 	$(BIN)/python -m pytest

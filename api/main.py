@@ -10,9 +10,11 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from api.docs import add_local_docs
 from api.limits import BodySizeLimit
 from api.models import PlanRequest
 from api.openapi_examples import example_for, service_examples
+from api.request_log import RequestLog
 from api.routes import dashboard, health, plans
 from api.settings import Settings, get_settings
 from api.store import PlanStore
@@ -27,7 +29,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Predicts which buffers XLA's GSPMD propagation leaves under-sharded, how much HBM each chip "
         "needs, and which sharding annotations fix it.",
+        # Served below from local assets: the default pages load Swagger UI and ReDoc from a CDN,
+        # which leaves them blank on a machine without internet access.
+        docs_url=None,
+        redoc_url=None,
     )
+    add_local_docs(app)
+    app.add_middleware(RequestLog)
     app.state.settings = settings
     app.state.store = PlanStore(settings.db_path)
     app.state.workers = PlanWorkers(settings.max_workers, settings.time_limit_seconds)

@@ -11,6 +11,7 @@ from planner.memory import chip
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
+from planner.version import planner_version
 
 _EXAMPLE_HLO = (
     "HloModule m, num_partitions=8\n\nENTRY e {\n  p = f32[8,1024]{1,0} parameter(0), "
@@ -67,9 +68,10 @@ class PlanRequest(BaseModel):
         return chip(self.chip).hbm_bytes if self.chip is not None else self.hbm_bytes
 
     def content_hash(self) -> str:
-        """The stored plan's id: same HLO and same settings, same plan."""
+        """The stored plan's id: same HLO, same settings and the same planner, same plan."""
         settings = self.model_dump(exclude={"hlo"}, mode="json")
         settings["capacity_bytes"] = self.capacity_bytes
+        settings["planner"] = planner_version()
         digest = hashlib.sha256(self.hlo.encode())
         digest.update(json.dumps(settings, sort_keys=True).encode())
         return digest.hexdigest()[:32]

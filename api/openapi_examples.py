@@ -30,6 +30,8 @@ _PARTS: dict[str, tuple[str | int, ...]] = {
     "PlacementInfo": ("placements", 0),
     "AnnotationInfo": ("placements", 0, "annotations", 0),
     "AlternativeInfo": ("alternatives", 0),
+    "TimelineSeries": ("timeline_before", 0),
+    "VerdictInfo": ("verdict",),
 }
 
 
@@ -37,6 +39,10 @@ def trimmed(value: Any) -> Any:
     if isinstance(value, list):
         return [trimmed(v) for v in value[:_KEEP]]
     if isinstance(value, dict):
+        if "peak_index" in value:  # a timeline: its first point and its peak, still pointing at each other
+            keep = sorted({0, value["peak_index"]})
+            cut = {k: [value[k][i] for i in keep] for k in ("positions", "live_bytes")}
+            return {**value, **cut, "peak_index": keep.index(value["peak_index"])}
         return {k: trimmed(v) for k, v in value.items()}
     return value
 
@@ -74,7 +80,7 @@ _OTHERS: dict[str, Any] = {
         "call": "mark_sharding_with_gradients",
     },
     "Verification": {  # `plan --verify` on the JAX corpus case
-        "xla": "jaxlib 0.7.1 (XLA GSPMD on 8 virtual CPU devices)", "num_devices": 8,
+        "xla": "jaxlib 0.7.1 (XLA GSPMD on 8 virtual CPU devices)", "frontend": "jax", "num_devices": 8,
         "before_total_bytes": 465683604, "after_total_bytes": 264357020, "predicted_saving_bytes": 216625148,
         "xla_saving_bytes": 201326584, "after_while_shapes": ["(s32[], f32[2,64,512]{2,1,0}, f32[8,2,64, ...)"],
         "stacked_gradients_at_shard": True, "gradient_mismatches": [], "seconds": 7.047,
@@ -82,6 +88,21 @@ _OTHERS: dict[str, Any] = {
     "TpuVerification": {  # `plan --chip v6e --verify` on the JAX corpus case, with libtpu installed
         "xla": "jaxlib 0.7.1 (XLA:TPU, libtpu 0.0.20, GSPMD ahead of time for v6e:2x4)", "topology": "v6e:2x4",
         "before_total_bytes": 407367584, "after_total_bytes": 193293504, "xla_saving_bytes": 214074080,
+    },
+    # `plan --chip v6e` on a 405B-shaped Llama (L=126, fsdp=64 x tp=4, sequence 1024), which does not fit.
+    "PeakHolderInfo": {
+        "kind": "saved-activations", "per_device_bytes": 56583733248,
+        "items": ["while.513[10] f32[126,64,128,1024,1024] -> f32[126,1,32,1024,1024] per device (15.8 GiB), "
+                  "made at fidelity/models.py:157 (exp)"],
+    },
+    "NextStepInfo": {
+        "kind": "remat",
+        "summary": "remat the scanned layer (jax.checkpoint around it; torch_xla: scan_layers with a remat "
+                   "partition_fn): the forward saves each layer's input (3.9 GiB per chip) instead of 52.7 GiB of "
+                   "residuals, and the backward recomputes one layer's forward (+428.3 MiB)",
+        "predicted_total": 13616423013, "fits": True,
+        "settings": {"saved_activations_dropped_bytes": 56583733248, "saved_layer_inputs_bytes": 4227858432,
+                     "recomputed_layer_bytes": 449077248},
     },
     "ManifestParameter": {"name": "0.d.weight", "shape": [1024, 4096], "partition_spec": ["fsdp", "tp"]},
     "Manifest": {

@@ -1,13 +1,16 @@
 """Train a Llama-like layer stack with `scan_layers` on 8 virtual CPU devices, with an automatic plan.
 
-    .venv/bin/python examples/train_llama_scan.py [--steps 3] [--url http://127.0.0.1:8000] [--chip v6e]
+    .venv/bin/python examples/train_llama_scan.py [--steps 3] [--url http://127.0.0.1:8000] [--chip v6e | --hbm-gib 32]
 
 The model is sharded FSDP x TP (mesh fsdp=4, tp=2) with the usual 2D weight
 specs. `auto_plan` traces one step, gets a plan (in-process, or from the
 service at --url) and activates it; the following steps run with each weight
 slice pinned as planned. The script prints the plan's summary, the predicted
 HBM per chip before and after, and how many gradients come out sharded unlike
-their weights.
+their weights. The step runs on XLA:CPU here, so by default the plan predicts
+XLA:CPU against a 32 GiB budget; `--chip v6e` plans for that chip's XLA:TPU
+instead (where this small step's temporaries fit on-chip memory, so fewer pins
+pay off).
 """
 
 from __future__ import annotations
@@ -28,18 +31,20 @@ import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, sgd_step, shard_model
 
+from planner.units import format_bytes
 from scan_runtime import PlannerClient, auto_plan
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return format_bytes(n)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--url", help="planner service; default: plan in-process")
-    ap.add_argument("--chip", default="v6e")
+    ap.add_argument("--chip", help="plan for this chip preset's compiler (e.g. v6e); default: XLA:CPU")
+    ap.add_argument("--hbm-gib", type=float, default=32.0, help="HBM per chip when no --chip is given")
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
 
@@ -53,11 +58,14 @@ def main() -> int:
 
     # The one added line: trace a step, get the plan, activate it for the scans that follow.
     plan = auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh,
-                     client=PlannerClient(url=args.url, mesh=mesh, chip=args.chip))  # fmt: skip
+                     client=PlannerClient(url=args.url, mesh=mesh, chip=args.chip,
+                                         hbm_bytes=None if args.chip else int(args.hbm_gib * 2**30)))  # fmt: skip
 
     if plan is not None and plan.plan is not None:
         p = plan.plan
         print(f"plan {plan.plan_id} for {p.module} on mesh {p.mesh}")
+        if p.verdict is not None:
+            print(f"  verdict: {p.verdict.summary}")
         print(f"  HBM per chip: {mib(p.hbm.total_before)} -> {mib(p.hbm.total_after)} "
               f"of {mib(p.hbm.capacity_bytes or 0)}")  # fmt: skip
         for f in p.findings:

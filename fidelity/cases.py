@@ -197,6 +197,31 @@ FIXTURE_CASES: tuple[Case, ...] = (
     ),
 )
 
+# A 405B-shaped step that does not fit a v6e even after the plan pins its gradients (no remat: the
+# saved activations alone are twice the chip), and the options beyond sharding, each compiled.
+# XLA:TPU refuses to compile a step whose temporaries exceed the chip's HBM, so the steps that do not
+# fit a v6e are compiled for v5p (95 GiB), the same compiler on a larger chip; remat with pinned
+# gradients fits and is compiled for v6e. Sequence 1024: at 2048 the temporaries exceed a v5p too.
+# JAX lowers a batch only when it splits evenly, so the 512-chip step keeps one sample per chip
+# (batch 128); with one sample per chip on fsdp=64 (batch 64) half the batch cannot split, so the
+# half-batch option starts from a batch-128 step (two per chip), whose half is the batch-64 step.
+LLAMA_405B_S1024 = replace(LLAMA_405B, seq_len=1024)
+LLAMA_405B_B128_S1024 = replace(LLAMA_405B_S1024, batch_size=128)
+NEXT_STEP_CASES: tuple[Case, ...] = tuple(
+    Case(f"jax_llama405b_{name}_L126_fsdp{n}_tp4", "jax", "gspmd", remat, size, MeshSpec((n, 4)), "llama", pinned, chip)
+    for name, remat, size, n, pinned, chip in (
+        ("noremat_free_S1024", None, LLAMA_405B_S1024, 64, False, "v5p"),
+        ("noremat_pinned_S1024", None, LLAMA_405B_S1024, 64, True, "v5p"),
+        ("remat_pinned_S1024", "full", LLAMA_405B_S1024, 64, True, "v6e"),
+        ("noremat_pinned_B128_S1024", None, LLAMA_405B_B128_S1024, 128, True, "v5p"),
+        # Starting points whose modules alone are needed (XLA:CPU compiles them for the header): the
+        # half-batch option's, and the same step at sequence 2048, whose remat is the grid's
+        # jax_llama_full_bf16_gspmd_fsdp64_tp4_L126_D16384_pinned.
+        ("noremat_pinned_B128_S1024", None, LLAMA_405B_B128_S1024, 64, True, None),
+        ("noremat_pinned", None, LLAMA_405B, 64, True, None),
+    )
+)
+
 GRID_MESHES = (
     MeshSpec((1, 8)),
     MeshSpec((2, 4)),
@@ -325,7 +350,7 @@ def ci_subset() -> tuple[Case, ...]:
 
 
 CI_SUBSET: tuple[Case, ...] = ci_subset()
-CASES: tuple[Case, ...] = FIXTURE_CASES + grid() + CI_SUBSET
+CASES: tuple[Case, ...] = FIXTURE_CASES + grid() + CI_SUBSET + NEXT_STEP_CASES
 CI_CASES: tuple[str, ...] = tuple(c.name for c in CI_SUBSET)
 
 

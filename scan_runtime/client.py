@@ -28,6 +28,7 @@ from planner.mesh import Mesh
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
 from planner.plan.planner import make_plan
+from planner.version import planner_version
 
 
 class PlannerUnavailable(RuntimeError):
@@ -68,6 +69,7 @@ class PlannerClient:
             raise ValueError("give chip or hbm_bytes, not both")
         self.url = url.rstrip("/") if url else None
         self.mesh = to_planner_mesh(mesh) if mesh is not None else None
+        self.chip = chip
         self.capacity_bytes = chip_preset(chip).hbm_bytes if chip is not None else hbm_bytes
         self.timeout = timeout
         self.retries = retries
@@ -102,13 +104,16 @@ class PlannerClient:
             "mesh": self.mesh.to_text() if self.mesh else None,
             "device_ids": list(self.mesh.device_ids) if self.mesh else None,
             "capacity": self.capacity_bytes,
+            "chip": self.chip,
+            "planner": planner_version(),
             "manifest": manifest.model_dump(mode="json") if manifest else None,
         }
         digest.update(json.dumps(settings, sort_keys=True).encode())
         return digest.hexdigest()[:32]
 
     def _local(self, hlo: str, manifest: Manifest | None) -> Plan:
-        plan, _ = make_plan(parse_hlo(hlo, source="captured step"), self.mesh, self.capacity_bytes, manifest=manifest)
+        plan, _ = make_plan(parse_hlo(hlo, source="captured step"), self.mesh, self.capacity_bytes,
+                            manifest=manifest, chip_name=self.chip)  # fmt: skip
         return plan
 
     def _remote(self, hlo: str, manifest: Manifest | None) -> Plan:
@@ -116,7 +121,9 @@ class PlannerClient:
         if self.mesh is not None:
             body["mesh"] = {"shape": list(self.mesh.shape), "axis_names": list(self.mesh.axis_names),
                             "device_ids": list(self.mesh.device_ids)}  # fmt: skip
-        if self.capacity_bytes is not None:
+        if self.chip is not None:
+            body["chip"] = self.chip
+        elif self.capacity_bytes is not None:
             body["hbm_bytes"] = self.capacity_bytes
         if manifest is not None:
             body["manifest"] = manifest.model_dump(mode="json")

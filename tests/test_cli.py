@@ -109,13 +109,22 @@ def test_plan_command_reports_and_writes_the_patched_module(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    assert "[stacked-gradient] while.2384[38] f32[8,1024,4096]: 64.0 MiB per chip, ideal 16.0 MiB (4.0x)" in text
+    assert (
+        "[stacked-gradient] while.2384[38] f32[8,1024,4096] -> [8,512,4096] per chip: 64.0 MiB, ideal 16.0 MiB (4.0x)"
+        in text
+    )
     assert (
         "root cause: dot.1660 (dot) drops fsdp: transpose.1659[1024_tp, 256_fsdp] . multiply.1658[256_fsdp, 4096_tp]"
         in text
     )
     assert "group 1: 8 members want 4 different shardings" in text
-    assert "[recommended] pin while.953[8] and its gradient" in text
+    assert "[in the change set] pin while.953[8] and its gradient" in text
+    # The verdict comes first: fits or not, before and after, and the one change set.
+    assert text.splitlines()[1:3] == [
+        "  verdict: fits: 424.8 MiB per chip after the plan, 31.6 GiB to spare on v6e (32.0 GiB); before 563.8 MiB",
+        "  recommended: pin every scanned parameter and its gradient (9 pins); saves 139.0 MiB per chip (worst chip)",
+    ]
+    assert "    all 8 chips: 563.8 MiB -> 424.8 MiB" in text
     # The patched module parses, and carries one Sharding per recommended annotation.
     from planner import parse_hlo_file
 

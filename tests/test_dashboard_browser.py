@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import subprocess
 import tempfile
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import REPO
+from headless import CHROMIUM_FLAGS, chromium, chromium_binary
 from live_server import live_server
 
 from planner.data import DEFAULT_DUMP
 
 OUTPUT = REPO / "test-output" / "dashboard"
-# Chromium as root in a sandbox, with nothing that phones home (this machine has no network).
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-]  # fmt: skip
+# A 256-chip step: Llama 3.1 405B's shapes on fsdp=64 x tp=4, lowered by JAX from abstract inputs
+# (`python -m fidelity.generate`, case jax_llama405b_remat_L126_fsdp64_tp4).
+LLAMA_405B = REPO / "tests" / "fixtures" / "generated" / "jax_llama405b_remat_L126_fsdp64_tp4.hlo"
+WIDTH, VIEWPORT_HEIGHT = 1400, 900
+MAX_PAGE_HEIGHT = 6000
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +37,9 @@ def post_json(url: str, body: dict) -> dict:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
-def chromium(*args: str) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("chromium")
-    assert binary, "Debian's chromium is not installed (make test installs it)"
+def chromium_cli(*args: str) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        return subprocess.run([chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
                               capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
@@ -49,11 +49,11 @@ def test_plan_page_renders_in_chromium(server: str) -> None:
         "hlo": DEFAULT_DUMP.read_text(), "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "hbm_bytes": 600 << 20,
     })  # fmt: skip
     page = f"{server}/plans/{record['id']}/view"
-    dom = chromium("--dump-dom", page)
+    dom = chromium_cli("--dump-dom", page)
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
     # The chart: a bar per chip before and after, and the capacity line the chips cross.
-    assert html.count('class="before"') == 8 and html.count('class="after"') == 8
+    assert html.count('<rect class="before"') == 8 and html.count('<rect class="after"') == 8
     assert 'class="capacity"' in html and "over capacity" in html
     # The findings, with the root cause's notation, and the placements.
     assert "stacked-gradient" in html and "while.2384[38]" in html
@@ -63,9 +63,71 @@ def test_plan_page_renders_in_chromium(server: str) -> None:
     OUTPUT.mkdir(parents=True, exist_ok=True)
     shot = OUTPUT / "plan.png"
     shot.unlink(missing_ok=True)
-    taken = chromium(f"--screenshot={shot}", "--window-size=1280,2000", page)
+    taken = chromium_cli(f"--screenshot={shot}", "--window-size=1280,2000", page)
     assert taken.returncode == 0, taken.stderr
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
-    index = chromium("--dump-dom", server)
+    index = chromium_cli("--dump-dom", server)
     assert f"/plans/{record['id']}/view" in index.stdout
+
+
+# What the page measures of itself once loaded: its size, and where the verdict and the charts are.
+MEASURE = """(() => {
+  const box = (e) => { if (!e) return null; const r = e.getBoundingClientRect();
+                       return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width, height: r.height}; };
+  return {
+    height: document.documentElement.scrollHeight,
+    scrollWidth: document.documentElement.scrollWidth,
+    innerWidth: window.innerWidth, innerHeight: window.innerHeight,
+    verdict: box(document.getElementById("verdict")),
+    verdictText: (document.getElementById("verdict") || {}).innerText,
+    mesh: box(document.querySelector("#mesh svg")),
+    chipBars: document.querySelectorAll("#hbm-chart rect.after").length,
+    timelines: document.querySelectorAll("#timeline polyline").length,
+    peaks: document.querySelectorAll("#timeline circle.timeline-peak").length,
+    widest: Math.max(...[...document.querySelectorAll("main *")].map((e) => e.getBoundingClientRect().right)),
+    text: document.body.innerText,
+  };
+})()"""
+
+SCALES = [
+    pytest.param(DEFAULT_DUMP, {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, {"hbm_bytes": 600 << 20}, 8,
+                 id="8_chips"),
+    pytest.param(LLAMA_405B, {"shape": [64, 4], "axis_names": ["fsdp", "tp"]}, {"chip": "v5p"}, 256,
+                 id="256_chips"),
+]  # fmt: skip
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("hlo,mesh,capacity,num_chips", SCALES)
+def test_plan_page_is_one_screen_wide_verdict_first(
+    server: str, hlo: Path, mesh: dict, capacity: dict, num_chips: int
+) -> None:
+    record = post_json(f"{server}/plan", {"hlo": hlo.read_text(), "mesh": mesh, **capacity})
+    plan = record["plan"]
+    assert plan["verdict"] is not None and len(plan["hbm"]["per_chip_before"]) == num_chips
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    shot = OUTPUT / f"plan_{num_chips}_chips.png"
+    shot.unlink(missing_ok=True)
+    with chromium() as browser, browser.page(f"{server}/plans/{record['id']}/view", WIDTH, VIEWPORT_HEIGHT) as page:
+        got = page.evaluate(MEASURE)
+        page.screenshot(shot)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    print(f"{num_chips} chips: page {got['height']} px tall, scrollWidth {got['scrollWidth']} at {WIDTH} px; {shot}")
+    # A few screens tall, never wider than the window.
+    assert got["height"] < MAX_PAGE_HEIGHT
+    assert got["scrollWidth"] <= got["innerWidth"] and got["widest"] <= got["innerWidth"]
+    # The verdict is the first thing seen, whole, without scrolling.
+    verdict = got["verdict"]
+    assert verdict is not None and verdict["top"] >= 0 and verdict["bottom"] <= got["innerHeight"]
+    assert plan["verdict"]["summary"] in got["verdictText"]
+    # Bars: a pair per chip at 8 chips, a few aggregate pairs at 256; the mesh fits about 600 px.
+    assert got["chipBars"] == (num_chips if num_chips <= 16 else len({*plan["hbm"]["per_chip_before"].values()}))
+    assert got["mesh"]["width"] <= 620 and got["mesh"]["height"] <= 620
+    # The timeline: before and after for the entry and each loop body, every line's peak marked.
+    assert got["timelines"] == 2 * (1 + len(plan["loops"])) == got["peaks"]
+    text = got["text"]
+    assert f"all {num_chips} chips" in text
+    assert not re.search(r"\b0, 1, 2, 3, 4, 5\b", text)  # no list of chip ids
+    # Shardings in XLA's short form: no device list of a whole mesh written out.
+    assert "<=[" in text and not re.search(r"\d+(,\d+){15}", text)

@@ -24,6 +24,8 @@ def test_every_chip_preset_names_its_compiler() -> None:
         ("v6e", 256, "v6e:16x16"),
         ("v5e", 8, "v5e:2x4"),
         ("v5e", 256, "v5e:16x16"),
+        # Past one physical slice (a v6e pod is 256 chips): what libtpu 0.0.20 still describes.
+        ("v6e", 512, "v6e:16x32"),
         ("v5p", 8, "v5p:2x2x2"),
         ("v4", 8, "v4:2x2x1"),
     ],

@@ -61,4 +61,5 @@ def test_fix_moves_memory_like_xla(base: str, fixed: str, suffix: str) -> None:
     ours = predicted(CORPUS / f"{fixed}{suffix}")["total"] - predicted(CORPUS / f"{base}{suffix}")["total"]
     xla = xla_numbers(CORPUS / f"{fixed}{suffix}")["total"] - xla_numbers(CORPUS / f"{base}{suffix}")["total"]
     assert ours < 0 and xla < 0
-    assert 0.5 <= ours / xla <= 1.5, f"ours {ours:,} vs XLA {xla:,}"
+    # Measured: torch_xla 1.17, JAX 1.06 (our saving over XLA's).
+    assert 0.95 <= ours / xla <= 1.2, f"ours {ours:,} vs XLA {xla:,}"

@@ -7,6 +7,7 @@ import pytest
 from planner import parse_hlo
 from planner.memory import chip, memory_report, parse_bytes
 from planner.mesh import Mesh
+from planner.units import format_bytes
 
 
 def test_mesh_parse_and_errors() -> None:
@@ -23,6 +24,21 @@ def test_mesh_parse_and_errors() -> None:
 )
 def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (650 * 2**20, "650.0 MiB"),
+        (2**20 - 1, "1.0 MiB"),  # rounds up to 1,024 KiB: the next unit
+        (729_190 * 2**20 + 2**19, "712.1 GiB"), (3 * 2**40, "3.0 TiB"), (5000 * 2**40, "5,000.0 TiB"),
+        (-3 * 2**30, "-3.0 GiB"),
+    ],
+)  # fmt: skip
+def test_format_bytes_picks_the_binary_unit_per_magnitude(value: int, text: str) -> None:
+    assert format_bytes(value) == text
+    if value >= 1024:
+        assert parse_bytes(text.replace(",", "")) == pytest.approx(value, rel=0.05)
 
 
 def test_chip_presets() -> None:

@@ -148,4 +148,5 @@ def test_verify_mode_confirms_the_jax_plan_with_real_xla() -> None:
     assert v.xla.startswith("jaxlib 0.7.1")
     assert v.stacked_gradients_at_shard, v.gradient_mismatches
     assert v.xla_saving_bytes > 0
-    assert 0.75 <= v.predicted_saving_bytes / v.xla_saving_bytes <= 1.25, (v.predicted_saving_bytes, v.xla_saving_bytes)
+    # Measured 1.08: 206.6 MiB predicted against XLA's 192.0 MiB.
+    assert 1.0 <= v.predicted_saving_bytes / v.xla_saving_bytes <= 1.1, (v.predicted_saving_bytes, v.xla_saving_bytes)

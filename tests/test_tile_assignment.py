@@ -89,3 +89,35 @@ def test_transpose_and_reshape_agree_with_numpy(case: tuple[list[int], list[int]
 )
 def test_shard_shape(text: str, shape: tuple[int, ...], shard: tuple[int, ...]) -> None:
     assert parse_sharding(text).shard_shape(shape) == shard
+
+
+@pytest.mark.parametrize(
+    "written,short",
+    [
+        ("{devices=[4,2]0,1,2,3,4,5,6,7}", "{devices=[4,2]<=[8]}"),
+        ("{devices=[2,4]0,2,4,6,1,3,5,7}", "{devices=[2,4]<=[4,2]T(1,0)}"),
+        ("{devices=[1,2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}",
+         "{devices=[1,2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate}"),
+        ("{devices=[64,4]" + ",".join(str(d) for d in np.arange(256).reshape(4, 64).T.reshape(-1)) + "}",
+         "{devices=[64,4]<=[4,64]T(1,0)}"),
+        ("{{replicated}, {devices=[2,2]0,1,2,3}}", "{{replicated}, {devices=[2,2]<=[4]}}"),
+        ("{devices=[2,2]0,3,1,2}", "{devices=[2,2]0,3,1,2}"),  # no iota gives these devices: kept as listed
+        ("{devices=[2,2]<=[4] shard_as 3}", "{devices=[2,2]<=[4] shard_as 3}"),
+        ("{maximal device=1}", "{maximal device=1}"),
+    ],
+    ids=["iota", "transposed", "partial", "fsdp64_tp4", "tuple", "not_an_iota", "shard_group", "maximal"],
+)  # fmt: skip
+def test_short_text_is_xla_s_iota_form_of_the_same_sharding(written: str, short: str) -> None:
+    sharding = parse_sharding(written)
+    assert sharding.to_short_text() == short
+    assert parse_sharding(short) == sharding
+    assert sharding.to_text() == written  # printing a module keeps the written form
+
+
+@settings(max_examples=300, deadline=None)
+@given(iota_and_perm())
+def test_every_iota_written_out_is_found_again(case: tuple[list[int], list[int], list[int], list[int]]) -> None:
+    reshape, perm, dims, _ = case
+    iota = TileAssignment.from_iota(tuple(dims), tuple(reshape), tuple(perm))
+    listed = TileAssignment.from_devices(iota.array())
+    assert listed.iota is None and listed.as_iota().iota == iota.iota and listed.as_iota() == listed

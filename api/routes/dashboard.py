@@ -19,8 +19,10 @@ from pydantic import ValidationError
 from api.deps import SettingsDep, StoreDep, WorkersDep, token_ok
 from api.planning import plan_or_cached
 from api.routes.plans import read_plan_request, validation_message
-from api.views import breakdown_rows, hbm_chart, human_bytes, mesh_grids, placement_text
+from api.timeline_view import timelines
+from api.views import breakdown_rows, change_set, hbm_chart, human_bytes, mesh_grid, placement_text
 from api.worker import JobFailed
+from planner.plan.chip_groups import chip_groups
 from planner.plan.model import Plan
 
 router = APIRouter(include_in_schema=False)
@@ -75,7 +77,10 @@ def view(request: Request, plan_id: str, store: StoreDep) -> HTMLResponse:
         "plan": plan,
         "plan_id": plan_id,
         "chart": hbm_chart(plan),
-        "grids": mesh_grids(plan),
+        "groups": chip_groups(plan),
+        "grid": mesh_grid(plan),
+        "timelines": timelines(plan),
+        "change_set": change_set(plan),
         "breakdown": breakdown_rows(plan),
         "placement_text": lambda i: placement_text(plan, i),
     }

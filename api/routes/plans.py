@@ -62,7 +62,9 @@ async def post_plan(
     request: Request, _: AuthDep, settings: SettingsDep, store: StoreDep, workers: WorkersDep
 ) -> PlanRecord:
     plan_request = await read_plan_request(request, settings.max_body_bytes)
-    return await plan_or_cached(plan_request, store, workers, settings.max_body_bytes)
+    planned = await plan_or_cached(plan_request, store, workers, settings.max_body_bytes)
+    request.state.plan_id, request.state.cached = planned.id, planned.cached  # for the request log
+    return planned
 
 
 async def read_plan_request(request: Request, limit: int) -> PlanRequest:

@@ -26,15 +26,28 @@ def chip_arg(text: str) -> str:
 
 
 def bytes_arg(text: str) -> int:
+    """A byte count with its unit (`32GiB`, `80GB`, `512MiB`); a bare number other than 0 is refused.
+
+    A bare `--hbm 32` was read as 32 bytes, which no one means.
+    """
+    if text.strip().replace(".", "", 1).isdigit() and float(text) != 0:
+        n = text.strip()
+        raise argparse.ArgumentTypeError(f"{text!r} needs a unit: {n}GiB, {n}GB, {n}MiB or {n}B")
     try:
         return parse_bytes(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def source_name(path: Path) -> str:
+    """How messages name the input: its path, or <stdin> for `-`."""
+    return "<stdin>" if str(path) == "-" else str(path)
+
+
 def add_module_mesh_and_capacity(p: Any) -> None:
     """FILE, --mesh, and --chip | --hbm (read back as `args.chip if args.chip is not None else args.hbm`)."""
-    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
+    p.add_argument("file", nargs="?", type=Path,
+                   help=f"HLO text file, - for stdin (default: the bundled {DEFAULT_DUMP.name})")  # fmt: skip
     p.add_argument("--mesh", type=mesh_arg, help="mesh axes major to minor, e.g. fsdp=4,tp=2")
     capacity = p.add_mutually_exclusive_group()
     capacity.add_argument("--chip", type=chip_arg, help=f"chip preset: {', '.join(CHIPS)}")

@@ -8,6 +8,7 @@ with the located message on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
+    except BrokenPipeError:
+        # The reader stopped early (`| head`): what it read is what it wanted. Point stdout at
+        # devnull so the interpreter's final flush does not fail again, and exit quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (PlannerError, ValueError) as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from planner.cli.arguments import add_module_mesh_and_capacity, capacity_of
+from planner.cli.arguments import add_module_mesh_and_capacity, capacity_of, source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.memory import memory_report, render_memory
 from planner.memory.backends import BACKENDS
+from planner.mesh_check import mesh_warnings
 
 
 def register(sub: Any) -> None:
@@ -21,9 +22,10 @@ def register(sub: Any) -> None:
     p.add_argument("--top", type=int, default=10, help="how many of the largest live buffers to list")
     p.add_argument(
         "--backend",
-        default="cpu",
+        default=None,
         choices=list(BACKENDS),
-        help="the compiler to predict: cpu (XLA:CPU, as --verify compiles) or a chip preset (its XLA:TPU)",
+        help="the compiler to predict: cpu (XLA:CPU, as --verify compiles) or a chip preset (its XLA:TPU); "
+        "default: --chip's, else cpu",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
@@ -31,11 +33,15 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file or DEFAULT_DUMP
-    module = parse_hlo(read_hlo_text(path), source=str(path))
+    module = parse_hlo(read_hlo_text(path), source=source_name(path))
     try:
-        report = memory_report(module, args.mesh, capacity_of(args), args.top, backend=args.backend)
+        # Like `plan --chip`: a chip preset predicts that chip's compiler unless --backend says otherwise.
+        backend = args.backend or args.chip or "cpu"
+        report = memory_report(module, args.mesh, capacity_of(args), args.top, backend=backend)
     except ValueError as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2
+    for warning in mesh_warnings(module, args.mesh):
+        print(f"spmd-planner: warning: {warning}", file=sys.stderr)
     print(json.dumps(report.to_json(), indent=1) if args.json else render_memory(report))
     return 0

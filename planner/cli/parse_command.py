@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from planner.cli.arguments import source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.summary import render_summary, summarize
@@ -22,7 +23,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file or DEFAULT_DUMP
     text = read_hlo_text(path)
-    summary = summarize(parse_hlo(text, source=str(path)), len(text.encode()))
+    summary = summarize(parse_hlo(text, source=source_name(path)), len(text.encode()))
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
     else:

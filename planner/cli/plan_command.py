@@ -4,18 +4,24 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from planner.cli.arguments import add_module_mesh_and_capacity, bytes_arg, capacity_of
+from planner.cli.arguments import add_module_mesh_and_capacity, bytes_arg, capacity_of, source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.printer import print_module
+from planner.plan.chip_groups import chip_groups
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
 from planner.plan.planner import make_plan
+from planner.units import format_bytes
+
+# Chip groups with distinct numbers printed one per line; the rest are counted.
+MAX_CHIP_GROUPS = 4
 
 
 def register(sub: Any) -> None:
@@ -41,7 +47,7 @@ def read_manifest(path: Path) -> Manifest:
 
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file or DEFAULT_DUMP
-    module = parse_hlo(read_hlo_text(path), source=str(path))
+    module = parse_hlo(read_hlo_text(path), source=source_name(path))
     capacity = capacity_of(args)
     manifest = read_manifest(args.manifest) if args.manifest else None
     plan, patched = make_plan(
@@ -55,37 +61,38 @@ def run(args: argparse.Namespace) -> int:
         chip_name=args.chip,
     )
     if args.write_patched:
-        args.write_patched.write_text(print_module(patched))
+        try:
+            args.write_patched.write_text(print_module(patched))
+        except OSError as e:
+            raise ValueError(f"cannot write {args.write_patched}: {e.strerror}") from None
+        chosen = sum(1 for p in plan.placements if p.recommended)
+        print(f"wrote the patched module ({chosen} placements) to {args.write_patched}", file=sys.stderr)
+    for warning in plan.warnings:
+        print(f"spmd-planner: warning: {warning}", file=sys.stderr)
     print(plan.model_dump_json(indent=1) if args.json else render_plan(plan))
     return 0
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return format_bytes(n)
 
 
 def render_plan(plan: Plan) -> str:
-    hbm = plan.hbm
     lines = [f"plan for {plan.module}" + (f" on mesh {plan.mesh}" if plan.mesh else "")]
+    lines.extend(_render_verdict(plan))
     if plan.partitioner != "gspmd":
         lines.append(f"  partitioner: {plan.partitioner}")
-    capacity = f" of {_mib(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
-    compiler = "" if hbm.backend == "cpu" else f", as {hbm.backend}'s compiler allocates it"
-    lines.append(
-        f"  HBM per chip: {_mib(hbm.total_before)} -> {_mib(hbm.total_after)}{capacity} "
-        f"(saves {_mib(hbm.total_before - hbm.total_after)}{compiler})"
-    )
-    over = [c for c, b in hbm.per_chip_before.items() if hbm.capacity_bytes and b > hbm.capacity_bytes]
-    if over:
-        lines.append(f"  over capacity before the plan: chips {', '.join(over)}")
+    lines.extend(_render_next_steps(plan))
     for loop in plan.loops:
         trips = f"{loop.trip_count} trips" if loop.trip_count is not None else "trips unknown"
         lines.append(f"  loop {loop.name}: {trips}, {loop.tuple_arity}-tuple, {_mib(loop.carried_bytes_per_device)}")
     lines.append(f"  findings: {len(plan.findings)}")
     for f in plan.findings:
         after = f", {_mib(f.per_device_bytes_after)} after the plan" if f.per_device_bytes_after is not None else ""
+        where = f"{f.name} ({f.loop}[{f.index}])" if f.name else f"{f.loop}[{f.index}]"
+        shard = f" -> [{','.join(map(str, f.shard_shape))}] per chip" if f.shard_shape is not None else ""
         lines.append(
-            f"    [{f.kind}] {f.loop}[{f.index}] {f.shape}: {_mib(f.per_device_bytes)} per chip, ideal "
+            f"    [{f.kind}] {where} {f.shape}{shard}: {_mib(f.per_device_bytes)}, ideal "
             f"{_mib(f.ideal_per_device_bytes)} ({f.per_device_bytes / max(f.ideal_per_device_bytes, 1):.1f}x), "
             f"wastes {_mib(f.waste_bytes)}{after}"
         )
@@ -108,8 +115,8 @@ def render_plan(plan: Plan) -> str:
                 lines.append(f"      {m.instruction}: wants {m.wanted}, forced to {m.forced}")
     lines.append(f"  placements: {len(plan.placements)}")
     for p in plan.placements:
-        mark = "recommended" if p.recommended else "NOT recommended"
-        lines.append(f"    [{mark}] {p.summary}")
+        mark = "in the change set" if p.recommended else "alternative, not recommended"
+        lines.append(f"    [{mark}] {p.summary}" + (f" ({', '.join(p.names)})" if p.names else ""))
         lines.append(f"      {p.why}")
         if p.torch is not None:
             lines.append(
@@ -122,21 +129,87 @@ def render_plan(plan: Plan) -> str:
                 dims = f", unspecified_dims={a.unspecified_dims}" if a.unspecified_dims else ""
                 lines.append(f"      hlo: Sharding {a.sharding}{dims} after {a.instruction} in {a.computation}")
     for alt in plan.alternatives:
-        mark = "recommended" if alt.recommended else "NOT recommended"
-        lines.append(f"  alternative [{mark}] {alt.name}: {_mib(alt.predicted_total)} per chip; {alt.why}")
-    if plan.verification is not None:
-        v = plan.verification
-        lines.append(f"  verified with {v.xla} in {v.seconds:.1f} s:")
-        lines.append(
-            f"    XLA bytes per device {_mib(v.before_total_bytes)} -> {_mib(v.after_total_bytes)} "
-            f"(saves {_mib(v.xla_saving_bytes)}; predicted {_mib(v.predicted_saving_bytes)})"
-        )
-        state = "every stacked gradient at its shard" if v.stacked_gradients_at_shard else "gradients still too large:"
-        lines.append(f"    {state}")
-        lines.extend(f"      {m}" for m in v.gradient_mismatches)
-        if v.tpu is not None:
-            lines.append(
-                f"    {v.tpu.xla}: bytes per chip {_mib(v.tpu.before_total_bytes)} -> "
-                f"{_mib(v.tpu.after_total_bytes)} (saves {_mib(v.tpu.xla_saving_bytes)})"
-            )
+        mark = "the change set" if alt.recommended else "alternative, not recommended"
+        lines.append(f"  [{mark}] {alt.name}: {_mib(alt.predicted_total)} per chip; {alt.why}")
+    lines.extend(_render_verification(plan))
     return "\n".join(lines)
+
+
+def _render_verdict(plan: Plan) -> list[str]:
+    """Fits or not, before and after, the change set and what it buys; then HBM per chip, chips collapsed."""
+    hbm = plan.hbm
+    lines = []
+    v = plan.verdict
+    if v is not None:
+        lines.append(f"  verdict: {v.summary}")
+        lines.append(f"  recommended: {v.change_set_name}; saves {_mib(v.saves_bytes)} per chip (worst chip)")
+    capacity = f" of {_mib(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
+    compiler = "" if hbm.backend == "cpu" else f", as {hbm.backend}'s compiler allocates it"
+    lines.append(
+        f"  HBM per chip: {_mib(hbm.total_before)} -> {_mib(hbm.total_after)}{capacity} "
+        f"(saves {_mib(hbm.total_before - hbm.total_after)}{compiler})"
+    )
+    groups = chip_groups(plan)
+    shown = groups[:MAX_CHIP_GROUPS]
+    for g in shown:
+        over = " (over capacity after the plan)" if g.over_after else " (over capacity before)" if g.over_before else ""
+        lines.append(f"    {g.label}: {_mib(g.before_bytes)} -> {_mib(g.after_bytes)}{over}")
+    if len(groups) > len(shown):
+        rest = sum(g.count for g in groups[len(shown) :])
+        lines.append(f"    {rest:,} more chips in {len(groups) - len(shown)} groups, each below those shown")
+    return lines
+
+
+def _render_next_steps(plan: Plan) -> list[str]:
+    """What holds the peak and the predicted options, when sharding alone does not make the step fit."""
+    lines = []
+    if plan.peak_holders:
+        lines.append("  at the peak after the plan, per chip:")
+        for h in plan.peak_holders:
+            lines.append(f"    {h.kind}: {_mib(h.per_device_bytes)}")
+            lines.extend(f"      {item}" for item in h.items)
+    if plan.next_steps or plan.next_steps_unavailable:
+        lines.append("  next steps beyond sharding (each predicted on top of the plan):")
+        for step in plan.next_steps:
+            fits = "" if step.fits is None else (", fits" if step.fits else ", does not fit")
+            lines.append(f"    [{step.kind}] {_mib(step.predicted_total)} per chip{fits}")
+            lines.append(f"      {step.summary}")
+        lines.extend(f"    [not predicted] {why}" for why in plan.next_steps_unavailable)
+    return lines
+
+
+def _render_verification(plan: Plan) -> list[str]:
+    if plan.verification_skipped is not None:
+        return [f"  not verified: {plan.verification_skipped}"]
+    v = plan.verification
+    if v is None:
+        return []
+    lines = [f"  verified with {v.xla} in {v.seconds:.1f} s:"]
+    predicted = ""
+    if v.predicted_before_bytes is not None and v.predicted_after_bytes is not None:
+        predicted = (
+            f"; predicted {_mib(v.predicted_before_bytes)} -> {_mib(v.predicted_after_bytes)} "
+            f"(saves {_mib(v.predicted_saving_bytes)})"
+        )
+    lines.append(
+        f"    XLA:CPU bytes per device {_mib(v.before_total_bytes)} -> {_mib(v.after_total_bytes)} "
+        f"(saves {_mib(v.xla_saving_bytes)}){predicted}"
+    )
+    if v.gradient_check is not None:
+        lines.append(f"    stacked gradients not checked: {v.gradient_check}")
+    elif v.stacked_gradients_at_shard:
+        lines.append("    every stacked gradient at its shard")
+    else:
+        lines.append("    gradients still too large:")
+        lines.extend(f"      {m}" for m in v.gradient_mismatches)
+    if v.tpu is not None:
+        tpu_predicted = ""
+        if v.tpu.predicted_before_bytes is not None and v.tpu.predicted_after_bytes is not None:
+            tpu_predicted = f"; predicted {_mib(v.tpu.predicted_before_bytes)} -> {_mib(v.tpu.predicted_after_bytes)}"
+        lines.append(
+            f"    {v.tpu.xla}: bytes per chip {_mib(v.tpu.before_total_bytes)} -> "
+            f"{_mib(v.tpu.after_total_bytes)} (saves {_mib(v.tpu.xla_saving_bytes)}){tpu_predicted}"
+        )
+    if v.tpu_skipped is not None:
+        lines.append(f"    XLA:TPU not verified: {v.tpu_skipped}")
+    return lines

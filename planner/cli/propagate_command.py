@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from planner.cli.arguments import source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.propagation import PropagationOptions, PropagationResult, propagate
@@ -36,7 +37,7 @@ def _bools(text: str) -> tuple[bool, ...]:
 
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file or DEFAULT_DUMP
-    module = parse_hlo(read_hlo_text(path), source=str(path))
+    module = parse_hlo(read_hlo_text(path), source=source_name(path))
     options = PropagationOptions.from_module(module, is_spmd=not args.no_spmd)
     if args.allow_output is not None:
         options = PropagationOptions(options.is_spmd, args.allow_output, options.allow_to_parameters)

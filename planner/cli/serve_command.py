@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -26,5 +27,9 @@ def run(args: argparse.Namespace) -> int:
         os.environ["SPMD_PLANNER_DB_PATH"] = str(args.db)
     settings = Settings()
     print(f"spmd-planner: serving on http://{args.host}:{args.port} (plans in {settings.db_path})", flush=True)
+    # One line per request from the service's own log (method, path, status, ms, plan id, cached);
+    # uvicorn's access log, which says less, stays off with its other info lines.
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.WARNING)
+    logging.getLogger("spmd_planner.api").setLevel(logging.INFO)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import sys
 from pathlib import Path
 
 from planner.errors import HloParseError
@@ -56,8 +57,8 @@ def parse_hlo_file(path: str | Path) -> HloModule:
 
 
 def read_hlo_text(path: str | Path) -> str:
-    """Reads a dump as text; gzip-compressed dumps are accepted too."""
-    raw = Path(path).read_bytes()
+    """Reads a dump as text; gzip-compressed dumps are accepted too; `-` reads standard input."""
+    raw = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     try:

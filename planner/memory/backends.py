@@ -57,7 +57,9 @@ def tpu_topology(chip_name: str, num_devices: int) -> str | None:
     """A topology libtpu describes for `num_devices` devices of this chip, or None.
 
     v6e and v5e slices are 2D (8 devices: `v6e:2x4`, 256: `v6e:16x16`), v5p and v4 slices 3D; a v4
-    chip holds two devices (`v4:2x2x1` is 8 devices).
+    chip holds two devices (`v4:2x2x1` is 8 devices). Past 16x16, libtpu 0.0.20 still describes
+    near-square 2D slices (`v6e:16x32` for 512, `v6e:32x32`, `v6e:32x64`): a physical v6e slice stops
+    at 256 chips, so that is a multislice job compiled as if it were one slice.
     """
     name = chip_name.lower()
     if name in ("v6e", "v5e"):
@@ -65,7 +67,7 @@ def tpu_topology(chip_name: str, num_devices: int) -> str | None:
         while a > 1 and num_devices % a:
             a -= 1
         b = num_devices // a
-        return f"{name}:{a}x{b}" if a * b == num_devices and b <= 16 else None
+        return f"{name}:{a}x{b}" if a * b == num_devices and (b <= 16 or b <= 2 * a) else None
     if name in ("v5p", "v4"):
         chips, rest = divmod(num_devices, 2 if name == "v4" else 1)
         triples = [

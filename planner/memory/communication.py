@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import Computation, HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes, sharding_of
@@ -23,10 +24,9 @@ def issues_weight_gathers_first(module: HloModule) -> bool:
 
     jaxlib 0.7.1's XLA:CPU does: every gather of the layer's weights at the top of the body, live
     until the layer's weight-gradient partial sums are reduced. torch_xla 2.9 compiles with the XLA
-    it bundles, whose schedule interleaves each gather with its use. torch_xla names the modules it
-    compiles SyncTensorsGraph.N, and IrToHlo.N the ones a client captures before compiling.
+    it bundles, whose schedule interleaves each gather with its use.
     """
-    return not module.name.startswith(("SyncTensorsGraph", "IrToHlo"))
+    return not is_torch_xla_module(module)
 
 
 def _from_parameter_only(comp: Computation) -> set[str]:

@@ -48,6 +48,8 @@ class MemoryEstimate:
     per_chip_bytes: dict[int, int] = field(default_factory=dict)
     # Temporaries at the peak that the backend keeps in on-chip memory rather than HBM.
     on_chip_bytes: int = 0
+    # Each While body's peak of its own buffers, added at its While's position.
+    body_peak_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -394,7 +396,7 @@ def estimate_memory(
         if k in aliased_outputs(module)
     )
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
-                              on_chip_bytes=on_chip)  # fmt: skip
+                              on_chip_bytes=on_chip, body_peak_bytes=body_peaks)  # fmt: skip
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
     outputs = [
         (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)

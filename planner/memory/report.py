@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.chip_labels import chips_text
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
@@ -21,6 +22,7 @@ from planner.memory.buffers import Buffer, array_leaves, leaf_shardings, per_dev
 from planner.memory.model import MemoryEstimate, estimate_memory
 from planner.mesh import Mesh
 from planner.propagation import PropagationOptions, PropagationResult, propagate
+from planner.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ def _report(
             b.computation,
             b.category,
             b.shape.to_text(with_layout=False),
-            b.sharding.to_text() if b.sharding is not None else "{replicated}",
+            b.sharding.to_short_text() if b.sharding is not None else "{replicated}",
             b.size_bytes,
             stacked(b),
         )
@@ -202,8 +204,7 @@ def _report(
 
 
 def render_memory(report: MemoryReport) -> str:
-    def mib(n: int) -> str:
-        return f"{n / 2**20:,.1f} MiB"
+    mib = format_bytes  # one unit policy (planner.units): binary units chosen per magnitude
 
     where = f" on mesh {report.mesh}" if report.mesh else ""
     lines = [
@@ -214,12 +215,20 @@ def render_memory(report: MemoryReport) -> str:
         f"  total        {mib(report.total_bytes):>14}",
     ]
     if report.capacity_bytes is not None:
-        over = report.over_capacity()
-        verdict = f"OVER capacity on chips {over}" if over else f"headroom {mib(report.headroom_bytes or 0)}"
+        over = [str(c) for c in report.over_capacity()]
+        total = len(report.per_chip_bytes)
+        verdict = (
+            f"OVER capacity on {chips_text(over, total)}" if over else f"headroom {mib(report.headroom_bytes or 0)}"
+        )
         lines.append(f"  capacity     {mib(report.capacity_bytes):>14}  {verdict}")
-    distinct = sorted(set(report.per_chip_bytes.values()))
-    if len(distinct) > 1:
-        lines.append("  per chip: " + ", ".join(f"chip {d}: {mib(b)}" for d, b in report.per_chip_bytes.items()))
+    by_value: dict[int, list[str]] = {}
+    for chip, value in report.per_chip_bytes.items():
+        by_value.setdefault(value, []).append(str(chip))
+    if len(by_value) > 1:
+        groups = sorted(by_value.items(), reverse=True)
+        shown = [f"{chips_text(chips, len(report.per_chip_bytes))}: {mib(value)}" for value, chips in groups[:4]]
+        more = f"; {len(groups) - 4} more groups below" if len(groups) > 4 else ""
+        lines.append("  per chip: " + "; ".join(shown) + more)
     lines.append("  at the peak:")
     for name, value in report.breakdown.items():
         lines.append(f"    {name:<30} {mib(value):>14}")

@@ -72,7 +72,7 @@ def buffer_findings(
             gradient = by_key.get((loop.name, i))
             producer = body.root.operands[i] if body.root.opcode == "tuple" else body.root_name
             if gradient is not None and gradient.ideal is not None:
-                kind, ideal_sharding = "stacked-gradient", gradient.ideal.to_text()
+                kind, ideal_sharding = "stacked-gradient", gradient.ideal.to_short_text()
                 ideal = per_device_bytes(leaf, gradient.ideal)
                 match = gradient.name or (gradient.parameter.key if gradient.parameter else None)
             else:
@@ -87,7 +87,7 @@ def buffer_findings(
                         index=i,
                         instruction=producer,
                         shape=leaf.to_text(with_layout=False),
-                        current_sharding=s.to_text() if s is not None else "{replicated}",
+                        current_sharding=s.to_short_text() if s is not None else "{replicated}",
                         ideal_sharding=ideal_sharding,
                         per_device_bytes=current,
                         ideal_per_device_bytes=ideal,

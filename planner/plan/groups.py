@@ -65,7 +65,7 @@ def shard_group_conflicts(
             if metadata is not None:
                 where = f"{metadata.source_file}:{metadata.source_line}" if metadata.source_file else ""
                 source = " ".join(x for x in (metadata.op_name, where) if x) or None
-            members.append(GroupMember(alone[name].name, source, wanted.to_text(), forced.to_text()))
+            members.append(GroupMember(alone[name].name, source, wanted.to_short_text(), forced.to_short_text()))
             tiles = wanted.tile_assignment
             fully_sharded.append(wanted.is_tiled and not wanted.has_partial_replication and tiles is not None
                                  and wanted.num_tiles == tiles.num_devices)  # fmt: skip

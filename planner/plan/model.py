@@ -48,6 +48,14 @@ class FindingInfo(BaseModel):
         default=None, description="the buffer's bytes per chip once the recommended placements are applied"
     )
     root_cause: RootCauseInfo | None = None
+    name: str | None = Field(
+        default=None,
+        description="the user's name for the buffer, e.g. `grad of params['wq']`, when the dump's metadata or the "
+        "client's parameter names give one",
+    )
+    shard_shape: list[int] | None = Field(
+        default=None, description="the buffer's per-device shape under its current sharding, e.g. [8,256,512]"
+    )
 
 
 class GroupMemberInfo(BaseModel):
@@ -90,6 +98,10 @@ class PlacementInfo(BaseModel):
     )
     recommended: bool
     why: str = Field(description="why the placement is (or is not) recommended, in predicted bytes")
+    names: list[str] = Field(
+        default_factory=list,
+        description="the user's names of what it pins, e.g. `params['wq']`, `grad of params['wq']`",
+    )
 
 
 class AlternativeInfo(BaseModel):
@@ -108,6 +120,8 @@ class BufferInfo(BaseModel):
     sharding: str
     per_device_bytes: int
     stacked: bool = Field(description="an [L, ...] buffer carried by a loop of L trips")
+    name: str | None = Field(default=None, description="the user's name for the buffer, when one is known")
+    shard_shape: list[int] | None = Field(default=None, description="the buffer's per-device shape")
 
 
 class HbmInfo(BaseModel):
@@ -133,25 +147,86 @@ class TpuVerification(BaseModel):
     before_total_bytes: int
     after_total_bytes: int
     xla_saving_bytes: int
+    predicted_before_bytes: int | None = Field(default=None, description="our prediction for this chip's compiler")
+    predicted_after_bytes: int | None = None
 
 
 class Verification(BaseModel):
     xla: str = Field(description="the XLA that compiled both modules")
+    frontend: str = Field(default="jax", description="torch_xla (compiled by torch_xla's own XLA) or jax (by jaxlib)")
     num_devices: int
     before_total_bytes: int
     after_total_bytes: int
-    predicted_saving_bytes: int
+    predicted_saving_bytes: int = Field(description="our predicted saving for the compiler verified (XLA:CPU)")
     xla_saving_bytes: int
+    predicted_before_bytes: int | None = Field(default=None, description="our prediction for XLA:CPU, before")
+    predicted_after_bytes: int | None = None
     after_while_shapes: list[str]
     stacked_gradients_at_shard: bool
     gradient_mismatches: list[str] = Field(description="stacked gradients XLA keeps larger than their shard")
+    gradient_check: str | None = Field(
+        default=None, description="why the stacked gradients could not be checked, when they could not"
+    )
     tpu: TpuVerification | None = Field(
         default=None, description="XLA:TPU's bytes per chip for both modules, for a TPU chip preset with libtpu"
     )
+    tpu_skipped: str | None = Field(default=None, description="why XLA:TPU did not verify, for a TPU chip preset")
     seconds: float
 
 
+class VerdictInfo(BaseModel):
+    """Whether the step fits, before and after the recommended change set: the first thing a report says."""
+
+    capacity_bytes: int | None = Field(description="the chip's HBM; None when no chip or --hbm was given")
+    chip: str | None = Field(default=None, description="the chip preset, when one was given")
+    fits_before: bool | None = Field(description="worst chip within capacity before the plan (None: no capacity)")
+    fits_after: bool | None
+    worst_chip_before: str = Field(description="the chip (device id) holding the most bytes before the plan")
+    worst_before_bytes: int
+    worst_chip_after: str
+    worst_after_bytes: int
+    margin_before_bytes: int | None = Field(description="capacity - worst chip's bytes; negative when over")
+    margin_after_bytes: int | None
+    change_set: list[str] = Field(description="ids of the placements in the one recommended change set")
+    change_set_name: str = Field(description="what the change set is, in words")
+    saves_bytes: int = Field(description="what the change set buys per chip (worst chip)")
+    summary: str = Field(description="the verdict in one line")
+
+
+class PeakHolderInfo(BaseModel):
+    """What holds the memory at the peak, by kind, after the plan."""
+
+    kind: str = Field(description="saved-activations, stacked-gradients, parameters, optimizer-state, temporaries, "
+                      "outputs or other")  # fmt: skip
+    per_device_bytes: int
+    items: list[str] = Field(default_factory=list, description="the largest buffers of this kind, named")
+
+
+class NextStepInfo(BaseModel):
+    """A change beyond sharding, predicted with the same simulator."""
+
+    kind: str = Field(description="remat, more-fsdp-chips or smaller-microbatch")
+    summary: str = Field(description="the change, concretely (e.g. `mesh fsdp=128,tp=4 (512 chips)`)")
+    predicted_total: int = Field(description="HBM per chip predicted with the change on top of the plan")
+    fits: bool | None
+    settings: dict[str, str | int | float] = Field(
+        default_factory=dict, description="the option's parameters, e.g. {'fsdp': 128} or {'microbatch_fraction': 0.5}"
+    )
+
+
+class TimelineSeries(BaseModel):
+    """Bytes live per device over program order in one computation, as XProf's memory viewer draws it."""
+
+    computation: str = Field(description="the entry or a loop body")
+    label: str = Field(description="entry, or `body of while.953 (8 trips)`")
+    positions: list[str] = Field(description="instruction names in program order (possibly subsampled)")
+    live_bytes: list[int] = Field(description="bytes live per device after each position")
+    peak_index: int
+
+
 class Plan(BaseModel):
+    verdict: VerdictInfo | None = Field(default=None, description="fits / does not fit, before and after")
+    warnings: list[str] = Field(default_factory=list, description="about the request, e.g. a mesh that looks swapped")
     module: str
     num_partitions: int | None
     mesh: str | None
@@ -165,4 +240,18 @@ class Plan(BaseModel):
     conflicts: list[ConflictInfo]
     placements: list[PlacementInfo]
     alternatives: list[AlternativeInfo] = Field(default_factory=list)
+    peak_holders: list[PeakHolderInfo] = Field(
+        default_factory=list, description="what holds the memory at the peak after the plan, by kind"
+    )
+    next_steps: list[NextStepInfo] = Field(
+        default_factory=list, description="predicted options beyond sharding, when the plan still does not fit"
+    )
+    next_steps_unavailable: list[str] = Field(
+        default_factory=list, description="options beyond sharding that could not be predicted for this step, and why"
+    )
+    timeline_before: list[TimelineSeries] = Field(default_factory=list)
+    timeline_after: list[TimelineSeries] = Field(default_factory=list)
     verification: Verification | None = None
+    verification_skipped: str | None = Field(
+        default=None, description="why no faithful verification was possible for this module, when --verify was asked"
+    )

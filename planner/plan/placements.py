@@ -76,13 +76,13 @@ def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | N
         annotations.append(_pin(module, gradient.body, gradient.layer_gradient, gradient.ideal))
     else:
         # No one-layer value to pin: pin the accumulator update itself.
-        annotations.append(Annotation(gradient.body, gradient.producer, gradient.ideal.to_text()))
+        annotations.append(Annotation(gradient.body, gradient.producer, gradient.ideal.to_short_text()))
     who = gradient.name or (parameter.key if parameter is not None else gradient.key)
     spec = tuple(gradient.partition_spec) if gradient.partition_spec is not None else None
     return Placement(
         id=f"pin:{gradient.key}",
         kind="pin-parameter",
-        summary=f"pin {who} and its gradient to {gradient.ideal.to_text()} inside the scanned body",
+        summary=f"pin {who} and its gradient to {gradient.ideal.to_short_text()} inside the scanned body",
         fixes=(gradient.key,),
         annotations=tuple(annotations),
         torch_pin=(
@@ -100,10 +100,10 @@ def _pin(module: HloModule, comp: str, name: str, stacked: HloSharding) -> Annot
     assert isinstance(shape, ArrayShape), f"{name} is not an array"
     layer = layer_sharding(stacked, stacked.tiled_data_rank - 1) if stacked.is_tiled else stacked
     if layer.is_tiled and shape.rank == layer.tiled_data_rank + 1:
-        return Annotation(comp, name, algebra.add_dims(layer, 0, 1).to_text(), unspecified_dims=(0,))
+        return Annotation(comp, name, algebra.add_dims(layer, 0, 1).to_short_text(), unspecified_dims=(0,))
     if layer.is_tiled and shape.rank != layer.tiled_data_rank:
         raise ValueError(f"cannot pin {name} {shape.to_text(False)} in {comp} to {layer.to_text()}: ranks differ")
-    return Annotation(comp, name, layer.to_text())
+    return Annotation(comp, name, layer.to_short_text())
 
 
 def split_group(module: HloModule, group: int, next_id: int) -> Placement | None:

@@ -14,6 +14,7 @@ placements only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -25,7 +26,10 @@ from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_g
 from planner.memory import MemoryReport, memory_report
 from planner.memory.backends import tpu_topology
 from planner.memory.buffers import leaf_shardings, per_device_bytes
+from planner.memory.report import BufferLine
+from planner.memory.timeline import memory_timeline
 from planner.mesh import Mesh
+from planner.mesh_check import mesh_warnings
 from planner.plan.findings import Finding, buffer_findings
 from planner.plan.groups import shard_group_conflicts
 from planner.plan.manifest import Manifest
@@ -41,13 +45,21 @@ from planner.plan.model import (
     PlacementInfo,
     Plan,
     RootCauseInfo,
+    TimelineSeries,
     TorchPinInfo,
 )
+from planner.plan.names import NameTable, name_table
+from planner.plan.next_steps import Step, beyond_sharding
 from planner.plan.placements import Placement, apply_placements, max_group_id, pin_parameter, split_group
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import stacked_gradients
+from planner.plan.verdict import verdict
+from planner.plan.verify import Predicted, Unverifiable
 from planner.plan.verify import verify as verify_with_xla
 from planner.propagation import PropagationOptions, PropagationResult, propagate
+from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.text import parse_sharding
+from planner.units import format_bytes
 
 PIN_EVERY_PARAMETER = "pin every scanned parameter and its gradient"
 
@@ -93,6 +105,7 @@ def make_plan(
     and XLA:TPU too when `chip_name` is a TPU preset and libtpu is installed.
     """
     options = options or PropagationOptions.from_module(module)
+    warnings = mesh_warnings(module, mesh)
     mesh = resolve_mesh(module, mesh)
     _check_mesh(module, mesh)
     if manifest is not None:
@@ -105,6 +118,7 @@ def make_plan(
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
     gradients = stacked_gradients(inlined, before.result, manifest, mesh)
     findings = buffer_findings(inlined, before.result, num_devices, threshold, min_bytes, gradients=gradients)
+    names = name_table(inlined, manifest, gradients=gradients)
     conflicts = shard_group_conflicts(inlined, before.result, options)
 
     pins = {g.key: p for g in gradients if (p := pin_parameter(inlined, g)) is not None}
@@ -129,6 +143,7 @@ def make_plan(
     chosen, after, verdicts = _greedy(candidates, alone, before, with_placements)
 
     alternatives = []
+    pin_every = False
     every = list(pins.values())
     if every and {p.id for p in every} != {p.id for p in chosen}:
         everything = with_placements(every)
@@ -157,6 +172,7 @@ def make_plan(
                     )
             candidates = every + [p for p in candidates if p not in every]
             chosen, after = every, everything
+            pin_every = True
 
     patched = apply_placements(inlined, chosen)
     plan = Plan(
@@ -174,20 +190,44 @@ def make_plan(
             total_after=after.total,
             breakdown_before=before.memory.breakdown,
             breakdown_after=after.memory.breakdown,
-            top_buffers_before=[BufferInfo(**asdict(b)) for b in before.memory.top_buffers],
-            top_buffers_after=[BufferInfo(**asdict(b)) for b in after.memory.top_buffers],
+            top_buffers_before=[_buffer(b, names) for b in before.memory.top_buffers],
+            top_buffers_after=[_buffer(b, names) for b in after.memory.top_buffers],
         ),
-        findings=[_finding(before, after, f, axes) for f in findings],
+        findings=[_finding(before, after, f, axes, names) for f in findings],
         conflicts=[
             ConflictInfo(group=c.group, members=[GroupMemberInfo(**asdict(m)) for m in c.members]) for c in conflicts
         ],
-        placements=[_placement(p, alone.get(p.id), *verdicts[p.id]) for p in candidates],
+        placements=[_placement(p, alone.get(p.id), *verdicts[p.id], names=names) for p in candidates],
         alternatives=alternatives,
+        timeline_before=_timeline(before, mesh, backend),
+        timeline_after=_timeline(after, mesh, backend),
     )
+    plan.warnings = warnings
+    plan.verdict = verdict(plan.hbm, plan.placements, PIN_EVERY_PARAMETER if pin_every else None, chip_name)
+    if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
+        # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
+        step = Step(after.module, after.result, mesh, capacity_bytes, backend, options)
+        plan.peak_holders, plan.next_steps, plan.next_steps_unavailable = beyond_sharding(step, gradients)
     if verify:
         topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
-        plan.verification = verify_with_xla(module, patched, plan, gradients, num_devices, topology)
+        try:
+            plan.verification = verify_with_xla(
+                module, patched, gradients, num_devices, _predicted(before, after, mesh, capacity_bytes), topology
+            )
+        except Unverifiable as e:
+            plan.verification_skipped = str(e)
     return plan, patched
+
+
+def _predicted(before: Simulation, after: Simulation, mesh: Mesh | None, capacity_bytes: int | None) -> Predicted:
+    """Our numbers for the compilers verify asks: XLA:CPU always, and the chip's XLA:TPU when it is one."""
+    if before.memory.backend == "cpu":
+        return Predicted(before.total, after.total)
+
+    def on_cpu(sim: Simulation) -> int:
+        return memory_report(sim.module, mesh, capacity_bytes, result=sim.result, backend="cpu").total_bytes
+
+    return Predicted(on_cpu(before), on_cpu(after), before.total, after.total)
 
 
 def _greedy(
@@ -246,8 +286,13 @@ def _check_manifest(module: HloModule, manifest: Manifest) -> None:
         raise ValueError(f"the manifest names {len(manifest.outputs)} outputs but the module returns {count}")
 
 
+def _timeline(sim: Simulation, mesh: Mesh | None, backend: str) -> list[TimelineSeries]:
+    """Bytes live per device over program order, from the simulation's own memory model."""
+    return [TimelineSeries(**asdict(t)) for t in memory_timeline(sim.module, sim.result, mesh, backend)]
+
+
 def _mb(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return format_bytes(n)
 
 
 def _alternative_why(before: int, greedy: int, everything: int) -> str:
@@ -261,7 +306,7 @@ def _alternative_why(before: int, greedy: int, everything: int) -> str:
     )
 
 
-def _placement(p: Placement, alone: int | None, recommended: bool, why: str) -> PlacementInfo:
+def _placement(p: Placement, alone: int | None, recommended: bool, why: str, names: NameTable) -> PlacementInfo:
     torch = None
     if p.torch_pin is not None:
         torch = TorchPinInfo(
@@ -290,12 +335,20 @@ def _placement(p: Placement, alone: int | None, recommended: bool, why: str) -> 
         predicted_total_alone=alone,
         recommended=recommended,
         why=why,
+        names=names.pinned(p),
     )
 
 
-def _finding(before: Simulation, after: Simulation, finding: Finding, mesh: Mesh) -> FindingInfo:
+def _finding(before: Simulation, after: Simulation, finding: Finding, mesh: Mesh, names: NameTable) -> FindingInfo:
     cause = root_cause(before.module, before.result, finding.instruction, mesh)
     info = FindingInfo(**asdict(finding))
+    info.name = names.element(finding.loop, finding.index)
+    carried = before.module.instruction(finding.loop).shape
+    element = carried.leaves()[finding.index]
+    if isinstance(element, ArrayShape):
+        info.shard_shape = _shard_shape(
+            element.dims, leaf_shardings(carried, before.result.sharding(finding.loop))[finding.index]
+        )
     loop = after.module.instruction(finding.loop)
     leaf = loop.shape.leaves()[finding.index]
     if isinstance(leaf, ArrayShape):
@@ -304,6 +357,21 @@ def _finding(before: Simulation, after: Simulation, finding: Finding, mesh: Mesh
         )
     if cause is not None:
         info.root_cause = RootCauseInfo(**{**asdict(cause), "dropped_axes": list(cause.dropped_axes)})
+    return info
+
+
+def _shard_shape(dims: tuple[int, ...], sharding: HloSharding | None) -> list[int]:
+    """The per-device shape: [8,1024,1024] under {devices=[1,4,2]<=[8]} is [8,256,512]."""
+    return list(sharding.shard_shape(dims) if sharding is not None and sharding.is_tiled else dims)
+
+
+def _buffer(line: BufferLine, names: NameTable) -> BufferInfo:
+    info = BufferInfo(**asdict(line))
+    info.name = names.value(line.instruction)
+    dims = re.fullmatch(r"\w+\[([\d,]*)\]", line.shape)
+    if dims is not None:
+        shape = tuple(int(d) for d in dims.group(1).split(",") if d)
+        info.shard_shape = _shard_shape(shape, parse_sharding(line.sharding))
     return info
 
 

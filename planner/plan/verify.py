@@ -1,46 +1,61 @@
 """Verify a plan with real XLA: compile the original and the patched module, compare.
 
-Each module is compiled by XLA's SPMD pipeline (jaxlib, on virtual CPU
-devices) in a subprocess of its own, with a time limit, so a crash or hang
-in XLA cannot take the planner with it. Reported next to the prediction:
-XLA's bytes per device before and after, and whether every stacked gradient
-of the patched module's partitioned While loops is at its parameter's shard.
+Each module is compiled in a subprocess of its own, with a time limit, so a
+crash or hang in XLA cannot take the planner with it, by the XLA that compiles
+such modules for real: torch_xla's modules by torch_xla's own XLA
+(`torch_xla_compile`), JAX's by jaxlib (`xla_compile`). Reported next to our
+prediction for the same compiler: XLA's bytes per device before and after, and
+whether every stacked gradient of the patched module's partitioned While loops
+is at its parameter's shard. For a TPU chip preset with libtpu installed,
+XLA:TPU compiles both modules too; it reads them through jaxlib's StableHLO
+path, so for a torch_xla module its numbers stand only when jaxlib's XLA:CPU
+partitions both modules as torch_xla's does, and are withheld, with the
+reason, otherwise.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from planner.errors import PlanningError
 from planner.hlo.compat import for_jaxlib_0_7
+from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import TupleShape, parse_shape
-from planner.plan.model import Plan, TpuVerification, Verification
+from planner.plan.model import TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
 
 TIME_LIMIT_SECONDS = 600
+_LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")
 
 
-def compile_with_xla(
-    text: str,
-    num_devices: int,
-    allow_output: bool,
-    timeout: float = TIME_LIMIT_SECONDS,
-    tpu_topology: str | None = None,
-) -> dict:
-    """XLA's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`."""
-    request = json.dumps({"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output,
-                          "tpu_topology": tpu_topology})  # fmt: skip
+@dataclass(frozen=True)
+class Predicted:
+    """Our HBM per chip before and after the plan, for XLA:CPU and (for a TPU preset) that chip's XLA:TPU."""
+
+    cpu_before: int
+    cpu_after: int
+    tpu_before: int | None = None
+    tpu_after: int | None = None
+
+
+class Unverifiable(PlanningError):
+    """No faithful verification is possible for this module here; the message says why."""
+
+
+def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "planner.plan.xla_compile"],
-            input=request,
+            [sys.executable, "-m", entry],
+            input=json.dumps(request),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -50,12 +65,33 @@ def compile_with_xla(
         raise PlanningError(f"XLA did not finish compiling within {timeout:.0f} s") from e
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        if "No module named 'jax" in done.stderr:
-            tail = "jaxlib is not installed: install the `xla` extra (pip install 'spmd-planner[xla]')"
-        elif tpu_topology and "libtpu" in done.stderr.lower() and "not found" in done.stderr.lower():
+        if "No module named 'jax" in done.stderr or "No module named 'torch" in done.stderr:
+            tail = f"{needs} is not installed: install the `xla` extra (pip install 'spmd-planner[xla]')"
+        elif request.get("tpu_topology") and "libtpu" in done.stderr.lower() and "not found" in done.stderr.lower():
             tail = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
         raise PlanningError(f"XLA could not compile the module: {tail}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if "unverifiable" in report:
+        raise Unverifiable(report["unverifiable"])
+    return report
+
+
+def compile_with_xla(
+    text: str,
+    num_devices: int,
+    allow_output: bool,
+    timeout: float = TIME_LIMIT_SECONDS,
+    tpu_topology: str | None = None,
+) -> dict:
+    """jaxlib's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`."""
+    request = {"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output,
+               "tpu_topology": tpu_topology}  # fmt: skip
+    return _run("planner.plan.xla_compile", request, timeout, "jaxlib")
+
+
+def compile_with_torch_xla(text: str, num_devices: int, timeout: float = TIME_LIMIT_SECONDS) -> dict:
+    """torch_xla's own XLA's report for one module (see `torch_xla_compile`)."""
+    return _run("planner.plan.torch_xla_compile", {"hlo": text, "num_devices": num_devices}, timeout, "torch_xla")
 
 
 def allows_output_propagation(module: HloModule) -> bool:
@@ -67,65 +103,119 @@ def libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+def partitioned_shapes(whiles: list[dict]) -> list[list[str]]:
+    """Each partitioned loop's per-device element shapes, sorted: comparable across XLAs that order them apart."""
+    return sorted(sorted(_LEAF.findall(w["shape"])) for w in whiles)
+
+
 def verify(
     original: HloModule,
     patched: HloModule,
-    plan: Plan,
     gradients: list[StackedGradient],
     num_devices: int,
+    predicted: Predicted,
     tpu_topology: str | None = None,
 ) -> Verification:
-    """XLA:CPU compiles both modules; with `tpu_topology` (and libtpu installed) XLA:TPU does too."""
+    """The XLA that compiles such modules compiles both; with `tpu_topology` (and libtpu), XLA:TPU too.
+
+    Raises `Unverifiable` when no faithful compile is possible here (the message says why).
+    """
     allow_output = allows_output_propagation(original)
     start = time.perf_counter()
-    before = compile_with_xla(print_module(original), num_devices, allow_output)
-    after = compile_with_xla(print_module(patched), num_devices, allow_output)
-    mismatches = gradient_mismatches(after["while_shapes"], patched, gradients)
-    tpu = None
-    if tpu_topology is not None and libtpu_installed():
-        tpu_before = compile_with_xla(print_module(original), num_devices, allow_output, tpu_topology=tpu_topology)
-        tpu_after = compile_with_xla(print_module(patched), num_devices, allow_output, tpu_topology=tpu_topology)
-        tpu = TpuVerification(
-            xla=tpu_after["xla"],
-            topology=tpu_topology,
-            before_total_bytes=tpu_before["total_bytes"],
-            after_total_bytes=tpu_after["total_bytes"],
-            xla_saving_bytes=tpu_before["total_bytes"] - tpu_after["total_bytes"],
-        )
+    texts = (print_module(original), print_module(patched))
+    torch_xla = is_torch_xla_module(original)
+    if torch_xla:
+        before, after = (compile_with_torch_xla(t, num_devices) for t in texts)
+    else:
+        before, after = (compile_with_xla(t, num_devices, allow_output) for t in texts)
+    mismatches, check = gradient_mismatches(after["while_shapes"], patched, gradients)
+    tpu, tpu_skipped = None, None
+    if tpu_topology is not None and not libtpu_installed():
+        tpu_skipped = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
+    elif tpu_topology is not None:
+        if torch_xla:
+            tpu_skipped = _jaxlib_partitions_like(texts, (before, after), num_devices, allow_output)
+        if tpu_skipped is None:
+            tpu_before, tpu_after = (compile_with_xla(t, num_devices, allow_output, tpu_topology=tpu_topology)
+                                     for t in texts)  # fmt: skip
+            tpu = TpuVerification(
+                xla=tpu_after["xla"],
+                topology=tpu_topology,
+                before_total_bytes=tpu_before["total_bytes"],
+                after_total_bytes=tpu_after["total_bytes"],
+                xla_saving_bytes=tpu_before["total_bytes"] - tpu_after["total_bytes"],
+                predicted_before_bytes=predicted.tpu_before,
+                predicted_after_bytes=predicted.tpu_after,
+            )
     return Verification(
         xla=after["xla"],
+        frontend="torch_xla" if torch_xla else "jax",
         num_devices=num_devices,
         before_total_bytes=before["total_bytes"],
         after_total_bytes=after["total_bytes"],
-        predicted_saving_bytes=plan.hbm.total_before - plan.hbm.total_after,
+        predicted_saving_bytes=predicted.cpu_before - predicted.cpu_after,
         xla_saving_bytes=before["total_bytes"] - after["total_bytes"],
+        predicted_before_bytes=predicted.cpu_before,
+        predicted_after_bytes=predicted.cpu_after,
         after_while_shapes=[w["shape"] for w in after["while_shapes"]],
-        stacked_gradients_at_shard=not mismatches,
+        stacked_gradients_at_shard=check is None and not mismatches,
         gradient_mismatches=mismatches,
+        gradient_check=check,
         tpu=tpu,
+        tpu_skipped=tpu_skipped,
         seconds=round(time.perf_counter() - start, 3),
     )
 
 
-def gradient_mismatches(xla_whiles: list[dict], module: HloModule, gradients: list[StackedGradient]) -> list[str]:
+def _jaxlib_partitions_like(
+    texts: tuple[str, str], torch_reports: tuple[dict, dict], num_devices: int, allow_output: bool
+) -> str | None:
+    """None when jaxlib's XLA:CPU partitions both modules as torch_xla's XLA does; else why XLA:TPU is withheld."""
+    for text, torch_report, which in zip(texts, torch_reports, ("original", "patched"), strict=True):
+        jaxlib = compile_with_xla(text, num_devices, allow_output)
+        ours, theirs = partitioned_shapes(jaxlib["while_shapes"]), partitioned_shapes(torch_report["while_shapes"])
+        if ours != theirs:
+            differing = sum(a != b for x, y in zip(ours, theirs, strict=False) for a, b in zip(x, y, strict=False))
+            return (
+                "XLA:TPU reads modules only through jaxlib's StableHLO path, which reorders the elements of "
+                "While loops' carried tuples; GSPMD's propagation is order-dependent, and on the "
+                f"{which} module jaxlib's XLA:CPU partitions the loops unlike torch_xla's XLA "
+                f"({differing or 'some'} per-device element shapes differ), so XLA:TPU's numbers would not be "
+                "this step's"
+            )
+    return None
+
+
+def gradient_mismatches(
+    xla_whiles: list[dict], module: HloModule, gradients: list[StackedGradient]
+) -> tuple[list[str], str | None]:
     """Stacked gradients whose per-device shape in XLA's partitioned loops exceeds their parameter's shard.
 
-    XLA renames loops when it partitions; a loop is found again by the arity of its carried tuple.
+    XLA renames loops when it partitions; a loop is found again as the k-th loop carrying as many
+    elements as it does, k counted in program text order on both sides. The second value says why
+    the check could not be made, when a loop is not found that way.
     """
     parsed = [parse_shape(Cursor(w["shape"]), {}) for w in xla_whiles]
-    problems = []
+    partitioned = [s for s in parsed if isinstance(s, TupleShape)]
+    ours = [i for c in module.computations for i in c.instructions if i.opcode == "while"]
+    problems: list[str] = []
     for g in gradients:
         if g.ideal is None:
             continue
-        arity = len(module.instruction(g.loop).shape.leaves())
-        matches = [s for s in parsed if isinstance(s, TupleShape) and len(s.leaves()) == arity]
-        if len(matches) != 1:
-            problems.append(f"{g.key}: {len(matches)} partitioned loops carry {arity} elements")
-            continue
-        got = matches[0].leaves()[g.index].dims
+        loop = module.instruction(g.loop)
+        arity = len(loop.shape.leaves())
+        same_arity = [i.name for i in ours if len(i.shape.leaves()) == arity]
+        matches = [s for s in partitioned if len(s.leaves()) == arity]
+        if len(matches) != len(same_arity):
+            return [], (
+                f"XLA's partitioned module has {len(matches)} loops carrying {arity} elements where the module has "
+                f"{len(same_arity)} ({g.loop}): the loops changed before partitioning, so gradients cannot be "
+                "matched to XLA's shapes"
+            )
+        got = matches[same_arity.index(g.loop)].leaves()[g.index].dims
         want = g.ideal.shard_shape(g.shape.dims)
         if tuple(got) != tuple(want) and g.shape.bytes_for_dims(got) > g.shape.bytes_for_dims(want):
             problems.append(
                 f"{g.key} {g.shape.to_text(False)}: XLA keeps {list(got)} per device, shard is {list(want)}"
             )
-    return problems
+    return problems, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 
 
@@ -23,10 +24,16 @@ class PropagationOptions:
 
     @staticmethod
     def from_module(module: HloModule, is_spmd: bool = True) -> PropagationOptions:
-        """Takes the allow flags from the module header, as XLA's compile does."""
+        """Takes the allow flags from the module header, as XLA's compile does.
+
+        A module torch_xla captured before compiling (`_get_xla_tensors_hlo`) has no header flags, but
+        torch_xla compiles SPMD steps with outputs open to propagation (the compiled module's header says
+        `allow_spmd_sharding_propagation_to_output={true}`): such a module is simulated as it will compile.
+        """
+        output_default = (True,) if is_torch_xla_module(module) else (False,)
         return PropagationOptions(
             is_spmd=is_spmd,
-            allow_to_output=tuple(module.attr("allow_spmd_sharding_propagation_to_output", (False,))),
+            allow_to_output=tuple(module.attr("allow_spmd_sharding_propagation_to_output", output_default)),
             allow_to_parameters=tuple(module.attr("allow_spmd_sharding_propagation_to_parameters", (False,))),
         )
 

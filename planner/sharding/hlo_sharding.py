@@ -306,6 +306,22 @@ class HloSharding:
             )
         return "{" + body + "}"
 
+    def to_short_text(self) -> str:
+        """The same text, with every tile assignment that is an iota written as one.
+
+        `{devices=[2,4]0,2,4,6,1,3,5,7}` is `{devices=[2,4]<=[4,2]T(1,0)}`, XLA's short form, which its
+        parser reads as the same sharding. For people (plans, reports): modules keep the form they
+        were written in when printed.
+        """
+        return self._with_iotas().to_text()
+
+    def _with_iotas(self) -> HloSharding:
+        if self.kind is Kind.TUPLE:
+            return dataclasses.replace(self, elements=tuple(e._with_iotas() for e in self.elements))
+        if self.tile_assignment is None or self.tile_assignment.iota is not None:
+            return self
+        return dataclasses.replace(self, tile_assignment=self.tile_assignment.as_iota())
+
     def __str__(self) -> str:
         return self.to_text()
 

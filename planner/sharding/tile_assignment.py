@@ -157,6 +157,13 @@ class TileAssignment:
     def to_text(self) -> str:
         return "devices=[" + ",".join(map(str, self.dims)) + "]" + self.devices_text()
 
+    def as_iota(self) -> TileAssignment:
+        """The same assignment written as an iota when its devices are one (`find_iota`), else itself."""
+        if self.iota is not None:
+            return self
+        iota = find_iota(self._flat)
+        return self if iota is None else TileAssignment(self.dims, iota=iota)
+
     # -- reshaping and transposing, keeping the iota form where it survives --
 
     def reshape(self, dims: tuple[int, ...]) -> TileAssignment:
@@ -183,6 +190,45 @@ class TileAssignment:
             if iota is not None:
                 return TileAssignment(new_dims, iota=iota)
         return TileAssignment(new_dims, explicit=tuple(self.array().transpose(perm).reshape(-1).tolist()))
+
+
+def find_iota(devices: tuple[int, ...]) -> Iota | None:
+    """The iota whose devices, in row-major order, are `devices`; None when no iota gives them.
+
+    Read from the minor end: each run of positions that steps through the devices with one stride
+    is one transposed iota dim. Worked example: 0,4,1,5,2,6,3,7 steps by 4 twice (a dim of 2,
+    stride 4), then those pairs step by 1 four times (a dim of 4, stride 1). Sorted by stride the
+    dims are [2 (stride 4), 4 (stride 1)], which is iota(8) reshaped to [2,4]; the positions read
+    the stride-1 dim first, so the transpose is (1,0): `<=[2,4]T(1,0)`.
+    """
+    count = len(devices)
+    if count == 0 or sorted(devices) != list(range(count)):
+        return None
+    runs: list[tuple[int, int]] = []  # (size, stride), minor first
+    block = 1
+    while block < count:
+        stride = devices[block]
+        size = 1
+        while block * (size + 1) <= count and devices[block * size] == size * stride:
+            size += 1
+        if size == 1 or count % (block * size):
+            return None
+        runs.append((size, stride))
+        block *= size
+    # The strides must be iota(count)'s own: each the product of the sizes of the smaller ones.
+    by_stride = sorted(range(len(runs)), key=lambda k: runs[k][1])
+    expected = 1
+    for k in by_stride:
+        if runs[k][1] != expected:
+            return None
+        expected *= runs[k][0]
+    major_first = by_stride[::-1]
+    source = {k: i for i, k in enumerate(major_first)}
+    reshape_dims = tuple(runs[k][0] for k in major_first)
+    perm = tuple(source[k] for k in reversed(range(len(runs))))
+    iota = Iota.canonical(reshape_dims, perm) if runs else Iota((1,), (0,))
+    flat = np.arange(count).reshape(iota.reshape_dims).transpose(iota.perm).reshape(-1)
+    return iota if tuple(flat.tolist()) == tuple(devices) else None
 
 
 def _transpose_iota(iota: Iota, dims: tuple[int, ...], perm: tuple[int, ...]) -> Iota | None:

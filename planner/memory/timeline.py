@@ -1,0 +1,180 @@
+"""Bytes live per device over program order: the memory model's peak, drawn as a line.
+
+The numbers are the memory model's own (`estimate_memory`), read back, not modelled again. At
+position p of the entry computation (text order is the schedule) a device holds
+
+    arguments + outputs - aliased                        the whole step long
+  + every entry temporary and loop-carried buffer live at p (start <= p <= end)
+  + at a While, the peak of its body's (and condition's) own buffers,
+
+less what on-chip memory holds (up to the backend's `alternate_memory_bytes` of temporaries, as the
+report subtracts it at its peak). The report's temporaries are the largest such sum, so the top of
+the entry series is the report's total, arguments + outputs + temporaries - aliased, and it is
+reached at the report's peak position.
+
+A While body's own series places the body's buffers on top of what the entry holds at that While
+without them: at the body's peak it meets the entry series at the While. Worked example: arguments
+and outputs of 100 MiB, a While at position 7 carrying 40 MiB whose body peaks at 30 MiB with its
+own temporaries: the entry series is 170 MiB at position 7; the body series runs from 140 MiB (the
+body holding nothing of its own) up to 170 MiB where its 30 MiB are live.
+
+A While inside a loop body is not charged by the model beyond its carried buffers (its body's
+peak is added only for Whiles of the entry), so its body gets no series here either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.hlo.inline import inline_calls
+from planner.hlo.ir import Computation, HloModule
+from planner.hlo.loops import while_loops
+from planner.hlo.shardy_import import to_gspmd
+from planner.memory.backends import Backend
+from planner.memory.backends import backend as backend_of
+from planner.memory.buffers import Buffer
+from planner.memory.communication import communication_buffers
+from planner.memory.conversions import widened_bytes
+from planner.memory.model import MemoryEstimate, estimate_memory
+from planner.mesh import Mesh
+from planner.propagation import PropagationResult
+
+# Long computations are cut to about this many points: the smallest and the largest value of each
+# stretch of program order, so the line keeps its dips, its peaks and the peak itself.
+MAX_POINTS = 400
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One computation's bytes live per device, after each of its instructions (possibly subsampled)."""
+
+    computation: str
+    label: str  # "entry", or "body of while.953 (8 trips)"
+    positions: list[str]  # instruction names, in program order
+    live_bytes: list[int]
+    peak_index: int  # into positions: where the computation's peak is (the first, if several)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.live_bytes[self.peak_index]
+
+
+def memory_timeline(
+    module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
+) -> list[Timeline]:
+    """The entry's timeline, then one per While body of the entry; `result` propagated as `memory_report`'s.
+
+    The module is read as `memory_report` reads it (Shardy attributes as GSPMD's, calls inlined).
+    """
+    inlined = inline_calls(to_gspmd(module)).module
+    return timelines(inlined, result, estimate_memory(inlined, result, mesh, target), target)
+
+
+def timelines(
+    module: HloModule, result: PropagationResult, estimate: MemoryEstimate, target: str | Backend = "cpu"
+) -> list[Timeline]:
+    """Read `estimate` (made by `estimate_memory` from the same module, result and target) as timelines."""
+    backend = backend_of(target)
+    entry = module.entry
+    live = _live(len(entry.instructions), [(b.start, b.end, b.size_bytes) for b in _entry_temporaries(estimate)])
+    local = _body_live(module, result, estimate, backend)
+    peaks = {name: max(values, default=0) for name, values in local.items()}
+    positions = {inst.name: k for k, inst in enumerate(entry.instructions)}
+    # The model adds a body's (and its condition's) peak at its While.
+    loops = [loop for loop in while_loops(module) if loop.computation == entry.name]
+    for loop in loops:
+        at = positions[loop.name]
+        live[at] += peaks.get(loop.body, 0) + peaks.get(loop.condition, 0)
+    base = estimate.argument_bytes + estimate.output_bytes - estimate.alias_bytes
+    on_chip = backend.alternate_memory_bytes
+
+    def hbm(temporaries: int) -> int:
+        return base + max(temporaries - on_chip, 0)
+
+    series = [_series(entry, "entry", live, hbm)]
+    for loop in loops:
+        body = module.computation(loop.body)
+        own = local.get(loop.body, [0] * len(body.instructions))
+        below = live[positions[loop.name]] - peaks.get(loop.body, 0)
+        trips = f"{loop.trip_count} trips" if loop.trip_count is not None else "trip count unknown"
+        series.append(_series(body, f"body of {loop.name} ({trips})", [below + x for x in own], hbm))
+    return series
+
+
+def _entry_temporaries(estimate: MemoryEstimate) -> list[Buffer]:
+    """What the model sums at each entry position (its `temps`)."""
+    return [b for b in estimate.buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
+
+
+def _body_live(
+    module: HloModule, result: PropagationResult, estimate: MemoryEstimate, backend: Backend
+) -> dict[str, list[int]]:
+    """Per loop body or condition: its own buffers and the partitioner's spans live at each position.
+
+    The model's body peak (`_local_peak`) is the largest of these.
+    """
+    communication = communication_buffers(module, result, _reachable(module))
+    names = {b.computation for b in estimate.buffers if b.start < 0} | (set(communication) - {module.entry_name})
+    out = {}
+    for name in names:
+        comp = module.computation(name)
+        positions = {inst.name: k for k, inst in enumerate(comp.instructions)}
+        spans = [(s.start, s.end, widened_bytes(s.size_bytes, s.shape, backend)) for s in communication.get(name, [])]
+        for b in estimate.buffers:
+            if b.start >= 0 or b.computation != name:
+                continue
+            defined = [v[1] for v in b.values if v[0] == name]
+            start = min(positions[n] for n in defined)
+            end = max([start] + [positions[u] for n in defined for u in comp.users(n)])
+            spans.append((start, end, b.size_bytes))
+        out[name] = _live(len(comp.instructions), spans)
+    return out
+
+
+def _reachable(module: HloModule) -> list[str]:
+    """The entry and every While body and condition reachable from it (the computations the model walks)."""
+    order, stack = [], [module.entry_name]
+    while stack:
+        name = stack.pop()
+        if name in order:
+            continue
+        order.append(name)
+        for inst in module.computation(name).instructions:
+            if inst.opcode == "while":
+                stack += [inst.attr("body").names[0], inst.attr("condition").names[0]]
+    return order
+
+
+def _live(length: int, spans: list[tuple[int, int, int]]) -> list[int]:
+    """Bytes live at each position, from (start, end, bytes) spans, both ends included."""
+    delta = [0] * (length + 1)
+    for start, end, size in spans:
+        delta[start] += size
+        delta[end + 1] -= size
+    live, running = [], 0
+    for d in delta[:length]:
+        running += d
+        live.append(running)
+    return live
+
+
+def _series(comp: Computation, label: str, temporaries: list[int], hbm: Callable[[int], int]) -> Timeline:
+    names = [inst.name for inst in comp.instructions]
+    peak = max(range(len(temporaries)), key=lambda p: (temporaries[p], -p)) if temporaries else 0
+    keep = subsample(temporaries, peak)
+    return Timeline(comp.name, label, [names[p] for p in keep], [hbm(temporaries[p]) for p in keep], keep.index(peak))
+
+
+def subsample(values: list[int], peak: int, max_points: int = MAX_POINTS) -> list[int]:
+    """Positions to keep, in order: all of them when few, else each stretch's lowest and highest, and `peak`."""
+    if len(values) <= max_points:
+        return list(range(len(values)))
+    stretches = max_points // 2
+    keep = {peak}
+    for k in range(stretches):
+        lo, hi = k * len(values) // stretches, (k + 1) * len(values) // stretches
+        stretch = range(lo, hi)
+        keep.add(min(stretch, key=lambda p: (values[p], p)))
+        keep.add(max(stretch, key=lambda p: (values[p], -p)))
+    return sorted(keep)

@@ -1,0 +1,92 @@
+"""The memory timeline against the report it draws: the same model, so the same peak, to the byte.
+
+The relation tested: the top of the entry's series is the report's total (arguments + outputs +
+temporaries - aliased bytes, temporaries counted at the report's peak, less what on-chip memory
+holds there), reached at the instruction where the report puts its peak; each loop body's
+series tops out at the entry's value at its While.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import CORPUS
+
+from planner import parse_hlo_file
+from planner.data import DEFAULT_DUMP
+from planner.hlo.inline import inline_calls
+from planner.hlo.loops import while_loops
+from planner.hlo.shardy_import import resolve_mesh, to_gspmd
+from planner.memory import estimate_memory, memory_report
+from planner.memory.timeline import MAX_POINTS, memory_timeline, subsample, timelines
+from planner.mesh import Mesh
+from planner.plan.planner import make_plan
+from planner.propagation import PropagationOptions, propagate
+
+GENERATED = Path(__file__).parent / "fixtures" / "generated"
+CASES = [
+    (DEFAULT_DUMP, "cpu"),
+    (DEFAULT_DUMP, "v6e"),  # on-chip memory takes 96 MiB off the peak
+    (CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo", "cpu"),
+    (CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo", "v5p"),
+    (CORPUS / "torch_xla" / "llama_loop_L4_fsdp4_tp2.hlo", "cpu"),  # no While: the entry alone
+    (GENERATED / "jax_llama405b_remat_L126_fsdp64_tp4.hlo", "cpu"),  # 256 devices
+]
+
+
+@pytest.mark.parametrize(
+    "path,backend", CASES, ids=[f"{p.parent.name}/{p.stem}-{b}" for p, b in CASES]
+)  # fmt: skip
+def test_entry_peak_is_the_report_s_total_at_the_report_s_peak(path: Path, backend: str) -> None:
+    module = parse_hlo_file(path)
+    inlined = inline_calls(to_gspmd(module)).module
+    result = propagate(inlined, PropagationOptions.from_module(module), inline=False)
+    report = memory_report(module, resolve_mesh(module, None), result=result, backend=backend)
+    estimate = estimate_memory(inlined, result, resolve_mesh(module, None), backend)
+    series = memory_timeline(module, result, target=backend)
+    entry = series[0]
+    assert entry.label == "entry" and entry.computation == inlined.entry_name
+    assert max(entry.live_bytes) == entry.peak_bytes == report.total_bytes
+    assert entry.positions[entry.peak_index] == inlined.entry.instructions[estimate.peak_position].name
+    # Arguments and outputs are held the whole step: nothing dips below them.
+    assert min(entry.live_bytes) >= report.argument_bytes + report.output_bytes - report.alias_bytes
+    loops = [loop for loop in while_loops(inlined) if loop.computation == inlined.entry_name]
+    assert [s.label for s in series[1:]] == [f"body of {loop.name} ({loop.trip_count} trips)" for loop in loops]
+    at = dict(zip(entry.positions, entry.live_bytes))
+    for loop, body in zip(loops, series[1:]):
+        assert body.computation == loop.body
+        assert max(body.live_bytes) == body.peak_bytes == at[loop.name]
+        length = len(inlined.computation(loop.body).instructions)
+        assert len(body.positions) == length if length <= MAX_POINTS else len(body.positions) <= MAX_POINTS + 1
+
+
+def test_plan_carries_timelines_before_and_after() -> None:
+    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"))
+    for series, total in ((plan.timeline_before, plan.hbm.total_before), (plan.timeline_after, plan.hbm.total_after)):
+        assert [s.label for s in series] == ["entry", "body of while.953 (8 trips)", "body of while.2384 (8 trips)"]
+        assert max(series[0].live_bytes) == total
+        assert all(len(s.positions) == len(s.live_bytes) <= MAX_POINTS for s in series)
+    # The placements add pinning custom-calls to the bodies: the after series has them.
+    assert len(plan.timeline_after[1].positions) > len(plan.timeline_before[1].positions)
+
+
+def test_timelines_read_the_estimate_they_are_given() -> None:
+    module = parse_hlo_file(DEFAULT_DUMP)
+    result = propagate(module, inline=True)
+    inlined = inline_calls(module).module
+    estimate = estimate_memory(inlined, result)
+    assert timelines(inlined, result, estimate)[0].peak_bytes == estimate.total_bytes
+
+
+@pytest.mark.parametrize("length,peak", [(50, 7), (4000, 0), (4000, 3999), (100_003, 51_234)])
+def test_subsample_keeps_order_the_peak_and_each_stretch_s_extremes(length: int, peak: int) -> None:
+    values = [(k * 7919) % 1000 for k in range(length)]
+    values[peak] = 10_000
+    keep = subsample(values, peak)
+    assert keep == sorted(set(keep)) and peak in keep and len(keep) <= MAX_POINTS + 1
+    if length <= MAX_POINTS:
+        assert keep == list(range(length))
+    else:
+        # Every stretch's lowest value is kept: the line's dips survive the cut.
+        assert min(values[k] for k in keep) == min(values)

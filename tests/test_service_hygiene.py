@@ -1,0 +1,52 @@
+"""The service's documentation works offline, every request is logged, plan ids change with the planner."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from api import create_app
+from api.models import PlanRequest
+from api.settings import Settings
+from planner.data import DEFAULT_DUMP
+from planner.version import planner_version
+
+
+def client(tmp_path: Path) -> TestClient:
+    return TestClient(create_app(Settings(db_path=tmp_path / "plans.db")))
+
+
+def test_docs_pages_load_only_local_assets(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    for page in ("/docs", "/redoc"):
+        html = c.get(page)
+        assert html.status_code == 200
+        urls = re.findall(r'(?:src|href)="([^"]+)"', html.text) + re.findall(r"url: ?'([^']+)'", html.text)
+        assert urls and all(u.startswith("/") for u in urls), urls
+        for url in urls:
+            asset = c.get(url)
+            assert (asset.status_code == 200 and len(asset.content) > 1000) or url.endswith("openapi.json"), url
+
+
+def test_every_request_logs_one_line_with_plan_id_and_cache_use(tmp_path: Path, caplog) -> None:
+    c = client(tmp_path)
+    body = {"hlo": DEFAULT_DUMP.read_text(), "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "chip": "v6e"}
+    with caplog.at_level(logging.INFO, logger="spmd_planner.api"):
+        first = c.post("/plan", json=body).json()
+        c.post("/plan", json=body)
+        c.get("/healthz")
+    lines = [r.getMessage() for r in caplog.records if r.name == "spmd_planner.api"]
+    assert len(lines) == 3
+    assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=false", lines[0]), lines[0]
+    assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=true", lines[1]), lines[1]
+    assert re.fullmatch(r"GET /healthz 200 [0-9.]+ ms", lines[2]), lines[2]
+
+
+def test_plan_ids_include_the_planner_version(monkeypatch) -> None:
+    request = PlanRequest(hlo=DEFAULT_DUMP.read_text(), chip="v6e")
+    today = request.content_hash()
+    monkeypatch.setattr("api.models.planner_version", lambda: planner_version() + "-changed")
+    assert request.content_hash() != today
