@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,7 +26,15 @@ from api.worker import JobFailed, PlanWorkers
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Planner processes are started before the first request needs one.
+        await app.state.workers.warm_up()
+        yield
+        await app.state.workers.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="SPMD sharding planner",
         version="0.1.0",
         description="Predicts which buffers XLA's GSPMD propagation leaves under-sharded, how much HBM each chip "

@@ -6,12 +6,21 @@ stdin. The server awaits it without blocking: a plan over its time limit is
 killed (504), and a child that dies (out of memory, a crash inside XLA) is
 reported (500) without taking the server or any other plan with it. At most
 `max_workers` plans run at once; the rest wait their turn.
+
+Children are started ahead of need: `max_workers` spares wait, interpreter
+started and planner imported, blocked on reading their job. A request takes a
+spare and a new one is started behind it, so a plan no longer pays for
+starting Python and importing the planner (about a second), while each plan
+still has a process of its own to kill.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 from typing import Any
 
@@ -33,7 +42,61 @@ class PlanWorkers:
     def __init__(self, max_workers: int, time_limit: float, command: tuple[str, ...] | None = None) -> None:
         self.time_limit = time_limit
         self.command = command or (sys.executable, "-m", "api.plan_job")
+        self.max_workers = max_workers
         self._slots = asyncio.Semaphore(max_workers)
+        self._spares: list[asyncio.subprocess.Process] = []
+        self._starting = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Spares are kept only once `warm_up` ran (a server's lifespan): a loop that lives for one
+        # request would leave them behind.
+        self._warm = False
+
+    def _on_this_loop(self) -> None:
+        """Spares belong to the event loop that started them; on another loop (a test client's
+        per-request loop) they cannot be driven, so they are stopped and forgotten."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        for child in self._spares:
+            if child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+        self._spares, self._starting, self._loop = [], asyncio.Lock(), loop
+
+    async def _start(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *self.command,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    async def warm_up(self) -> None:
+        """Start spares until `max_workers` wait: at server start, and from then on behind every job taken."""
+        self._warm = True
+        await self._refill()
+
+    async def _refill(self) -> None:
+        self._on_this_loop()
+        async with self._starting:
+            while len(self._spares) < self.max_workers:
+                self._spares.append(await self._start())
+
+    async def close(self) -> None:
+        """Stop the waiting spares (at server shutdown)."""
+        self._on_this_loop()
+        spares, self._spares = self._spares, []
+        for child in spares:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+
+    async def _take(self) -> asyncio.subprocess.Process:
+        # A spare that exited while waiting (killed from outside) is not handed a job.
+        self._on_this_loop()
+        while self._spares:
+            child = self._spares.pop(0)
+            if child.returncode is None:
+                return child
+        return await self._start()
 
     async def run(self, job: dict[str, Any]) -> dict[str, Any]:
         async with self._slots:
@@ -43,10 +106,7 @@ class PlanWorkers:
         return result
 
     async def _run(self, payload: bytes) -> dict[str, Any]:
-        child = await asyncio.create_subprocess_exec(
-            *self.command,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        child = await self._take()
         try:
             out, err = await asyncio.wait_for(child.communicate(payload), self.time_limit)
         except TimeoutError:
@@ -55,6 +115,10 @@ class PlanWorkers:
             if child.returncode is None:
                 child.kill()
                 await child.wait()
+            # The next spare starts once this plan is done: on a small machine a spare importing the
+            # planner beside a running plan would slow the plan down by as much as it saves.
+            if self._warm:
+                await self._refill()
         if child.returncode != 0 or not out.strip():
             tail = " ".join(err.decode(errors="replace").strip().splitlines()[-2:])
             raise JobFailed(500, f"the planner process died (exit code {child.returncode}): {tail}".rstrip(": "))

@@ -6,7 +6,10 @@ Starts `spmd-planner serve` on a loopback port with a fresh plan store,
 then times whole HTTP round trips: uncached requests (each with a slightly
 different threshold, so each is planned anew in a worker process) and
 cached ones (the same request again, answered from the store). Prints the
-median of each and, for scale, XLA's compile of the same module.
+median of each, the same plan made in-process (the uncached round trip's
+floor: the server's planner processes are started ahead, so a request pays
+for planning, not for starting Python) and, for scale, XLA's compile of the
+same module.
 """
 
 from __future__ import annotations
@@ -47,6 +50,20 @@ def _post(url: str, body: bytes) -> float:
     return time.perf_counter() - start
 
 
+def _in_process_plan_seconds(hlo: str, repeat: int) -> list[float]:
+    """What the server's worker does for one request: parse the text and plan it."""
+    from planner.hlo.parser import parse_hlo
+    from planner.mesh import Mesh
+    from planner.plan.planner import make_plan
+
+    times = []
+    for k in range(max(repeat, 1)):
+        start = time.perf_counter()
+        make_plan(parse_hlo(hlo), Mesh.parse("fsdp=4,tp=2"), threshold=1.5 + k / 1000)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--uncached", type=int, default=5)
@@ -77,9 +94,12 @@ def main() -> int:
         finally:
             server.terminate()
             server.wait(10)
+    in_process = statistics.median(_in_process_plan_seconds(hlo, args.uncached))
     xla = compile_spmd(for_jaxlib_0_7(DEFAULT_DUMP.read_text()), allow_output=True)[1]
     print(f"POST /plan, {DEFAULT_DUMP.name} ({len(hlo.encode()) / 1e6:.2f} MB), local server:")
     print(f"  uncached median {statistics.median(uncached):.3f} s over {len(uncached)} (plan in a worker process)")
+    ratio = statistics.median(uncached) / in_process
+    print(f"  in-process plan median {in_process:.3f} s; uncached/in-process {ratio:.2f}")
     print(f"  cached   median {statistics.median(cached) * 1000:.1f} ms over {len(cached)}")
     print(f"  XLA compile of the same module {xla:.3f} s; uncached/XLA {statistics.median(uncached) / xla:.2f}")
     summary(
@@ -90,6 +110,15 @@ def main() -> int:
         "s",
         statistics.median(uncached) / xla,
         "median round trip vs XLA's compile",
+    )
+    summary(
+        "POST /plan uncached vs in-process",
+        DEFAULT_DUMP.name,
+        statistics.median(uncached),
+        in_process,
+        "s",
+        statistics.median(uncached) / in_process,
+        "median round trip vs parse + plan in the same process",
     )
     summary(
         "POST /plan cached",

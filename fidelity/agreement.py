@@ -11,9 +11,9 @@ from pathlib import Path
 from planner import parse_hlo_file
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import Shape, TupleShape, parse_shape
 from planner.propagation import PropagationResult, propagate
+from planner.scanner import Cursor
 from planner.sharding import HloSharding
 
 

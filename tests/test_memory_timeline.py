@@ -90,3 +90,20 @@ def test_subsample_keeps_order_the_peak_and_each_stretch_s_extremes(length: int,
     else:
         # Every stretch's lowest value is kept: the line's dips survive the cut.
         assert min(values[k] for k in keep) == min(values)
+
+
+def test_peak_of_spans_is_the_most_bytes_live_at_one_position() -> None:
+    """The event sweep gives what summing every span at every position gives, on random spans."""
+    import random
+
+    from planner.memory.model import peak_of_spans
+
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        spans = []
+        for _ in range(rng.randint(0, 30)):
+            start = rng.randrange(n)
+            spans.append((start, rng.randrange(start, n), rng.randint(1, 1 << 20)))
+        brute = max(sum(s for a, e, s in spans if a <= p <= e) for p in range(n))
+        assert peak_of_spans(spans, n) == brute

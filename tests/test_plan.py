@@ -10,7 +10,6 @@ from conftest import CORPUS
 
 from planner import parse_hlo, parse_hlo_file, print_module
 from planner.hlo.inline import inline_calls
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import parse_shape
 from planner.mesh import Mesh
 from planner.plan.findings import buffer_findings
@@ -18,6 +17,7 @@ from planner.plan.placements import apply_placements, pin_parameter
 from planner.plan.planner import PIN_EVERY_PARAMETER, make_plan, per_device_while_shapes, simulate
 from planner.plan.scan_pairs import stacked_gradients
 from planner.propagation import PropagationOptions, propagate
+from planner.scanner import Cursor
 
 MESH = Mesh.parse("fsdp=4,tp=2")
 CASES = [

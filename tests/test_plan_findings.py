@@ -17,11 +17,11 @@ from conftest import CORPUS
 from planner import parse_hlo_file, parse_sharding
 from planner.hlo.inline import inline_calls
 from planner.hlo.loops import invariant_elements, while_loops
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
 from planner.plan.findings import buffer_findings
 from planner.plan.scan_pairs import reaches_output
 from planner.propagation import propagate
+from planner.scanner import Cursor
 
 
 def _param_shard_bytes(truth: dict) -> dict[tuple[int, ...], list[int]]:

@@ -50,3 +50,19 @@ def test_plan_ids_include_the_planner_version(monkeypatch) -> None:
     today = request.content_hash()
     monkeypatch.setattr("api.models.planner_version", lambda: planner_version() + "-changed")
     assert request.content_hash() != today
+
+
+def test_a_server_keeps_warm_planner_processes_and_stops_them(tmp_path: Path) -> None:
+    """Started with the server, handed one job each, replaced behind it, stopped with the server."""
+    app = create_app(Settings(db_path=tmp_path / "plans.db", max_workers=2))
+    workers = app.state.workers
+    body = {"hlo": DEFAULT_DUMP.read_text(), "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}}
+    with TestClient(app) as c:
+        waiting = list(workers._spares)
+        assert len(waiting) == 2 and all(p.returncode is None for p in waiting)
+        assert c.post("/plan", json=body).status_code == 200
+        # The job went to the first spare, which is gone; two spares wait again.
+        assert waiting[0] not in workers._spares and waiting[1] in workers._spares
+        assert len(workers._spares) == 2
+        kept = list(workers._spares)
+    assert all(p.returncode is not None for p in kept)

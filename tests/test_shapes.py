@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
+from planner.scanner import Cursor
 
 
 def shape_of(text: str):

@@ -73,10 +73,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mib(n: int) -> str:
-    return format_bytes(n)
-
-
 def render_plan(plan: Plan) -> str:
     lines = [f"plan for {plan.module}" + (f" on mesh {plan.mesh}" if plan.mesh else "")]
     lines.extend(_render_verdict(plan))
@@ -85,16 +81,20 @@ def render_plan(plan: Plan) -> str:
     lines.extend(_render_next_steps(plan))
     for loop in plan.loops:
         trips = f"{loop.trip_count} trips" if loop.trip_count is not None else "trips unknown"
-        lines.append(f"  loop {loop.name}: {trips}, {loop.tuple_arity}-tuple, {_mib(loop.carried_bytes_per_device)}")
+        lines.append(
+            f"  loop {loop.name}: {trips}, {loop.tuple_arity}-tuple, {format_bytes(loop.carried_bytes_per_device)}"
+        )
     lines.append(f"  findings: {len(plan.findings)}")
     for f in plan.findings:
-        after = f", {_mib(f.per_device_bytes_after)} after the plan" if f.per_device_bytes_after is not None else ""
+        after = (
+            f", {format_bytes(f.per_device_bytes_after)} after the plan" if f.per_device_bytes_after is not None else ""
+        )
         where = f"{f.name} ({f.loop}[{f.index}])" if f.name else f"{f.loop}[{f.index}]"
         shard = f" -> [{','.join(map(str, f.shard_shape))}] per chip" if f.shard_shape is not None else ""
         lines.append(
-            f"    [{f.kind}] {where} {f.shape}{shard}: {_mib(f.per_device_bytes)}, ideal "
-            f"{_mib(f.ideal_per_device_bytes)} ({f.per_device_bytes / max(f.ideal_per_device_bytes, 1):.1f}x), "
-            f"wastes {_mib(f.waste_bytes)}{after}"
+            f"    [{f.kind}] {where} {f.shape}{shard}: {format_bytes(f.per_device_bytes)}, ideal "
+            f"{format_bytes(f.ideal_per_device_bytes)} ({f.per_device_bytes / max(f.ideal_per_device_bytes, 1):.1f}x), "
+            f"wastes {format_bytes(f.waste_bytes)}{after}"
         )
         parameter = f" (parameter {f.matched_parameter})" if f.matched_parameter else ""
         lines.append(f"      now {f.current_sharding}; ideal {f.ideal_sharding or 'an even split'}{parameter}")
@@ -130,7 +130,7 @@ def render_plan(plan: Plan) -> str:
                 lines.append(f"      hlo: Sharding {a.sharding}{dims} after {a.instruction} in {a.computation}")
     for alt in plan.alternatives:
         mark = "the change set" if alt.recommended else "alternative, not recommended"
-        lines.append(f"  [{mark}] {alt.name}: {_mib(alt.predicted_total)} per chip; {alt.why}")
+        lines.append(f"  [{mark}] {alt.name}: {format_bytes(alt.predicted_total)} per chip; {alt.why}")
     lines.extend(_render_verification(plan))
     return "\n".join(lines)
 
@@ -142,18 +142,18 @@ def _render_verdict(plan: Plan) -> list[str]:
     v = plan.verdict
     if v is not None:
         lines.append(f"  verdict: {v.summary}")
-        lines.append(f"  recommended: {v.change_set_name}; saves {_mib(v.saves_bytes)} per chip (worst chip)")
-    capacity = f" of {_mib(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
+        lines.append(f"  recommended: {v.change_set_name}; saves {format_bytes(v.saves_bytes)} per chip (worst chip)")
+    capacity = f" of {format_bytes(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
     compiler = "" if hbm.backend == "cpu" else f", as {hbm.backend}'s compiler allocates it"
     lines.append(
-        f"  HBM per chip: {_mib(hbm.total_before)} -> {_mib(hbm.total_after)}{capacity} "
-        f"(saves {_mib(hbm.total_before - hbm.total_after)}{compiler})"
+        f"  HBM per chip: {format_bytes(hbm.total_before)} -> {format_bytes(hbm.total_after)}{capacity} "
+        f"(saves {format_bytes(hbm.total_before - hbm.total_after)}{compiler})"
     )
     groups = chip_groups(plan)
     shown = groups[:MAX_CHIP_GROUPS]
     for g in shown:
         over = " (over capacity after the plan)" if g.over_after else " (over capacity before)" if g.over_before else ""
-        lines.append(f"    {g.label}: {_mib(g.before_bytes)} -> {_mib(g.after_bytes)}{over}")
+        lines.append(f"    {g.label}: {format_bytes(g.before_bytes)} -> {format_bytes(g.after_bytes)}{over}")
     if len(groups) > len(shown):
         rest = sum(g.count for g in groups[len(shown) :])
         lines.append(f"    {rest:,} more chips in {len(groups) - len(shown)} groups, each below those shown")
@@ -166,13 +166,13 @@ def _render_next_steps(plan: Plan) -> list[str]:
     if plan.peak_holders:
         lines.append("  at the peak after the plan, per chip:")
         for h in plan.peak_holders:
-            lines.append(f"    {h.kind}: {_mib(h.per_device_bytes)}")
+            lines.append(f"    {h.kind}: {format_bytes(h.per_device_bytes)}")
             lines.extend(f"      {item}" for item in h.items)
     if plan.next_steps or plan.next_steps_unavailable:
         lines.append("  next steps beyond sharding (each predicted on top of the plan):")
         for step in plan.next_steps:
             fits = "" if step.fits is None else (", fits" if step.fits else ", does not fit")
-            lines.append(f"    [{step.kind}] {_mib(step.predicted_total)} per chip{fits}")
+            lines.append(f"    [{step.kind}] {format_bytes(step.predicted_total)} per chip{fits}")
             lines.append(f"      {step.summary}")
         lines.extend(f"    [not predicted] {why}" for why in plan.next_steps_unavailable)
     return lines
@@ -188,12 +188,12 @@ def _render_verification(plan: Plan) -> list[str]:
     predicted = ""
     if v.predicted_before_bytes is not None and v.predicted_after_bytes is not None:
         predicted = (
-            f"; predicted {_mib(v.predicted_before_bytes)} -> {_mib(v.predicted_after_bytes)} "
-            f"(saves {_mib(v.predicted_saving_bytes)})"
+            f"; predicted {format_bytes(v.predicted_before_bytes)} -> {format_bytes(v.predicted_after_bytes)} "
+            f"(saves {format_bytes(v.predicted_saving_bytes)})"
         )
     lines.append(
-        f"    XLA:CPU bytes per device {_mib(v.before_total_bytes)} -> {_mib(v.after_total_bytes)} "
-        f"(saves {_mib(v.xla_saving_bytes)}){predicted}"
+        f"    XLA:CPU bytes per device {format_bytes(v.before_total_bytes)} -> {format_bytes(v.after_total_bytes)} "
+        f"(saves {format_bytes(v.xla_saving_bytes)}){predicted}"
     )
     if v.gradient_check is not None:
         lines.append(f"    stacked gradients not checked: {v.gradient_check}")
@@ -205,10 +205,13 @@ def _render_verification(plan: Plan) -> list[str]:
     if v.tpu is not None:
         tpu_predicted = ""
         if v.tpu.predicted_before_bytes is not None and v.tpu.predicted_after_bytes is not None:
-            tpu_predicted = f"; predicted {_mib(v.tpu.predicted_before_bytes)} -> {_mib(v.tpu.predicted_after_bytes)}"
+            tpu_predicted = (
+                f"; predicted {format_bytes(v.tpu.predicted_before_bytes)} -> "
+                f"{format_bytes(v.tpu.predicted_after_bytes)}"
+            )
         lines.append(
-            f"    {v.tpu.xla}: bytes per chip {_mib(v.tpu.before_total_bytes)} -> "
-            f"{_mib(v.tpu.after_total_bytes)} (saves {_mib(v.tpu.xla_saving_bytes)}){tpu_predicted}"
+            f"    {v.tpu.xla}: bytes per chip {format_bytes(v.tpu.before_total_bytes)} -> "
+            f"{format_bytes(v.tpu.after_total_bytes)} (saves {format_bytes(v.tpu.xla_saving_bytes)}){tpu_predicted}"
         )
     if v.tpu_skipped is not None:
         lines.append(f"    XLA:TPU not verified: {v.tpu_skipped}")

@@ -20,8 +20,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api import create_app
-    from api.settings import Settings
+    from api import Settings, create_app
 
     if args.db is not None:
         os.environ["SPMD_PLANNER_DB_PATH"] = str(args.db)

@@ -12,7 +12,7 @@ import re
 from planner.hlo.attributes import COMPUTATION_ATTRIBUTES, READERS, WHOLE_VALUE_READERS, ComputationRefs, Raw
 from planner.hlo.ir import Attribute
 from planner.hlo.parse_state import ParseState, PendingReference
-from planner.hlo.scanner import skip_balanced
+from planner.scanner import skip_balanced
 
 _ATTR_KEY = re.compile(r"([A-Za-z_][\w\-]*)\s*=")
 _RAW_RUN = re.compile(r'[^\s,{}()\[\]"]+')

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.hlo.frontend_attributes import read_frontend_attributes
-from planner.hlo.scanner import Cursor
+from planner.scanner import Cursor
 from planner.sharding.text import parse_sharding_at
 
 _INT_LIST = re.compile(r"\{\s*(-?\d+(?:\s*,\s*-?\d+)*)?\s*\}")
@@ -281,7 +281,7 @@ def read_backend_config(cursor: Cursor) -> Any:
         text = json.loads(cursor.parse_string())
     else:
         start = cursor.pos
-        from planner.hlo.scanner import skip_balanced
+        from planner.scanner import skip_balanced
 
         skip_balanced(cursor, "backend_config")
         text = cursor.text[start : cursor.pos]

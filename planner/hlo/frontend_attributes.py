@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from planner.hlo.scanner import Cursor, skip_balanced
+from planner.scanner import Cursor, skip_balanced
 from planner.sharding.shardy import (
     SdyMesh,
     ShardyTextError,

@@ -56,10 +56,10 @@ from planner.hlo.ir import Attribute, Instruction
 from planner.hlo.opcode_attributes import attribute_problem
 from planner.hlo.opcodes import ARITY, OPCODES, arity_problem
 from planner.hlo.parse_state import ParseState, PendingReference, Scope, gc_paused
-from planner.hlo.scanner import next_token, skip_balanced
 from planner.hlo.shape_checks import needs_shape_check, shape_problem, shapes_only_group
 from planner.hlo.shape_inference import compatible
 from planner.hlo.shapes import Shape, parse_optional_shape, parse_shape
+from planner.scanner import next_token, skip_balanced
 
 _NAME = r"%?[A-Za-z_0-9][\w.\-]*+"
 _OPERAND = rf"(?:/\*index=\d++\*/)?{_NAME}"

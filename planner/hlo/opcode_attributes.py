@@ -22,8 +22,8 @@ from functools import lru_cache
 
 from planner.errors import HloParseError
 from planner.hlo.ir import Attribute
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import Shape, parse_shape
+from planner.scanner import Cursor
 from planner.sharding.hlo_sharding import HloSharding
 
 COMMON = frozenset(

@@ -15,8 +15,8 @@ from operator import add
 from typing import Any
 
 from planner.hlo.ir import Attribute, Computation, Instruction
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import Shape
+from planner.scanner import Cursor
 
 
 def gc_paused() -> GcPause:

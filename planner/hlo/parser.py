@@ -29,9 +29,9 @@ from planner.hlo.instruction_parser import parse_body
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.opcode_attributes import module_attribute_problem
 from planner.hlo.parse_state import ParseState, Scope, gc_paused
-from planner.hlo.scanner import skip_balanced
 from planner.hlo.shape_inference import compatible
 from planner.hlo.shapes import Shape, parse_shape
+from planner.scanner import skip_balanced
 
 _HEADER = re.compile(r"HloModule\b")
 _ENTRY = re.compile(r"ENTRY\b")

@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from planner.hlo.scanner import Cursor
+from planner.scanner import Cursor
 
 # Bits per element, as XLA's primitive_util gives them. Sub-byte types take a
 # whole byte each unless the layout packs them (`E(4)`).

@@ -9,6 +9,7 @@ from typing import Any
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
 from planner.hlo.shardy_import import module_mesh, partitioner_of
+from planner.units import format_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,7 @@ def render_summary(summary: ModuleSummary) -> str:
     lines = [
         f"module {summary.name}: {summary.text_bytes:,} bytes of text",
         f"  {summary.num_computations} computations, {summary.num_instructions} instructions, entry {summary.entry}",
-        f"  entry parameters: {summary.num_entry_parameters} ({_mib(summary.entry_parameter_bytes)})",
+        f"  entry parameters: {summary.num_entry_parameters} ({format_bytes(summary.entry_parameter_bytes)})",
     ]
     if summary.num_partitions is not None:
         lines.append(f"  num_partitions: {summary.num_partitions}")
@@ -93,13 +94,9 @@ def render_summary(summary: ModuleSummary) -> str:
         )
         lines.append(
             f"    {loop.name} in {loop.computation}: body {loop.body}, condition {loop.condition}, {trips}, "
-            f"{loop.tuple_arity}-tuple carrying {_mib(loop.carried_bytes)}"
+            f"{loop.tuple_arity}-tuple carrying {format_bytes(loop.carried_bytes)}"
         )
     lines.append("  opcodes:")
     width = max((len(op) for op in summary.opcode_counts), default=0)
     lines.extend(f"    {op:<{width}}  {n}" for op, n in summary.opcode_counts.items())
     return "\n".join(lines)
-
-
-def _mib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**20:,.1f} MiB"

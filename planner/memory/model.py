@@ -427,7 +427,28 @@ def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[
         start = min(positions[n] for n in names)
         end = max([start] + [positions[u] for n in names for u in comp.users(n)])
         spans.append((start, end, b.size_bytes))
-    return max((sum(s for a, e, s in spans if a <= p <= e) for p in range(len(comp.instructions))), default=0)
+    return peak_of_spans(spans, len(comp.instructions))
+
+
+def peak_of_spans(spans: list[tuple[int, int, int]], num_positions: int) -> int:
+    """The most bytes live at one position, each span (start, end, bytes) live from start to end inclusive.
+
+    One sweep over the spans' start and end events, not positions x spans: the bytes live at p are the
+    sum of the deltas up to p (+bytes at start, -bytes just after end).
+    """
+    if num_positions <= 0:
+        return 0
+    delta = [0] * (num_positions + 1)
+    for start, end, size in spans:
+        if end < start or start >= num_positions:
+            continue  # live at no position, as a span that ends before it starts
+        delta[max(start, 0)] += size
+        delta[min(end, num_positions - 1) + 1] -= size
+    peak = live = 0
+    for p in range(num_positions):
+        live += delta[p]
+        peak = max(peak, live)
+    return peak
 
 
 def _num_devices(result: PropagationResult) -> int:

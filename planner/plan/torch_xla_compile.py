@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planner.units import format_bytes
+
 # Element types torch has a dtype for; a parameter of another type makes the module unverifiable here.
 TORCH_DTYPES = {
     "pred": "bool", "s8": "int8", "u8": "uint8", "s16": "int16", "s32": "int32", "s64": "int64",
@@ -102,8 +104,8 @@ def parameters_fit_host(specs: list[dict[str, Any]], num_devices: int, budget_by
         total += s["bytes"] * replicas
     if total > budget_bytes:
         raise Unverifiable(
-            f"its parameters need {total / 2**30:.1f} GiB on {num_devices} virtual devices, more than this "
-            f"machine can lend ({budget_bytes / 2**30:.1f} GiB)"
+            f"its parameters need {format_bytes(total)} on {num_devices} virtual devices, more than this "
+            f"machine can lend ({format_bytes(budget_bytes)})"
         )
     return total
 

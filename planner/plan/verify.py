@@ -28,10 +28,10 @@ from planner.hlo.compat import for_jaxlib_0_7
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
-from planner.hlo.scanner import Cursor
 from planner.hlo.shapes import TupleShape, parse_shape
 from planner.plan.model import TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
+from planner.scanner import Cursor
 
 TIME_LIMIT_SECONDS = 600
 _LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")

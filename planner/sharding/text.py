@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 
 from planner.errors import HloParseError
-from planner.hlo.scanner import Cursor, skip_balanced
+from planner.scanner import Cursor, skip_balanced
 from planner.sharding.hlo_sharding import SUBGROUP_ORDER, HloSharding, ShardGroup
 from planner.sharding.tile_assignment import TileAssignment
 

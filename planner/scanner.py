@@ -1,5 +1,7 @@
 """A cursor over HLO text: whitespace and comments, literals, located errors.
 
+Shared by `planner.hlo` and `planner.sharding`, and so a member of neither.
+
 Every grammar piece (shapes, shardings, attributes, the module itself) reads
 through a `Cursor`, so errors from any of them carry the same line, column and
 caret. Scanning uses compiled regexes anchored at the cursor, which keeps the
