@@ -6,6 +6,7 @@ import logging
 import re
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from api import create_app
@@ -13,6 +14,12 @@ from api.models import PlanRequest
 from api.settings import Settings
 from planner.data import DEFAULT_DUMP
 from planner.version import planner_version
+
+# One weight split 4 ways on dim 0 and 2 ways on dim 1 over devices 0..7: a 4x2 mesh, not a 2x4 one.
+SMALL_HLO = (
+    "HloModule m, num_partitions=8\n\nENTRY e {\n  p = f32[8,1024]{1,0} parameter(0), sharding={devices=[4,2]<=[8]}\n"
+    "  ROOT n = f32[8,1024]{1,0} negate(p)\n}\n"
+)
 
 
 def client(tmp_path: Path) -> TestClient:
@@ -50,6 +57,36 @@ def test_plan_ids_include_the_planner_version(monkeypatch) -> None:
     today = request.content_hash()
     monkeypatch.setattr("api.models.planner_version", lambda: planner_version() + "-changed")
     assert request.content_hash() != today
+
+
+def test_another_planner_version_misses_the_stored_plan(tmp_path: Path, monkeypatch) -> None:
+    c = client(tmp_path)
+    body = {"hlo": SMALL_HLO, "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}}
+    first = c.post("/plan", json=body).json()
+    assert c.post("/plan", json=body).json()["cached"] is True
+    monkeypatch.setattr("api.models.planner_version", lambda: planner_version() + "-changed")
+    changed = c.post("/plan", json=body).json()
+    assert changed["cached"] is False and changed["id"] != first["id"]
+
+
+@pytest.mark.parametrize(
+    ("mesh", "warnings"),
+    [
+        ({"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, []),
+        (
+            {"shape": [2, 4], "axis_names": ["tp", "fsdp"]},
+            [
+                "mesh tp=2,fsdp=4 does not fit the module's parameter shardings; fsdp=4,tp=2 or tp=4,fsdp=2 "
+                "would: check the axis order (major to minor) and sizes"
+            ],
+        ),
+    ],
+    ids=["fsdp4_tp2", "swapped_tp2_fsdp4"],
+)
+def test_the_plan_response_warns_about_a_swapped_mesh(tmp_path: Path, mesh: dict, warnings: list[str]) -> None:
+    response = client(tmp_path).post("/plan", json={"hlo": SMALL_HLO, "mesh": mesh})
+    assert response.status_code == 200, response.text
+    assert response.json()["plan"]["warnings"] == warnings
 
 
 def test_a_server_keeps_warm_planner_processes_and_stops_them(tmp_path: Path) -> None:

@@ -35,8 +35,24 @@ def bytes_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} needs a unit: {n}GiB, {n}GB, {n}MiB or {n}B")
     try:
         return parse_bytes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    except ValueError:
+        # Not parse_bytes's own message: it offers a bare byte count, which these options refuse.
+        message = f"bad byte count {text!r}: expected a number and a unit, e.g. 32GiB or 80GB"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def capacity_arg(text: str) -> int:
+    """HBM per chip: a byte count with its unit, more than zero (a chip with no memory fits nothing)."""
+    capacity_bytes = bytes_arg(text)
+    if capacity_bytes <= 0:
+        raise argparse.ArgumentTypeError(f"HBM per chip must be more than 0 bytes, got {text!r}")
+    return capacity_bytes
+
+
+def add_module_file(p: Any) -> None:
+    """The optional FILE every command that reads a module takes."""
+    default = f"default: the bundled {DEFAULT_DUMP.name}"
+    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file, plain or gzip; - for stdin ({default})")
 
 
 def source_name(path: Path) -> str:
@@ -46,12 +62,11 @@ def source_name(path: Path) -> str:
 
 def add_module_mesh_and_capacity(p: Any) -> None:
     """FILE, --mesh, and --chip | --hbm (read back as `args.chip if args.chip is not None else args.hbm`)."""
-    p.add_argument("file", nargs="?", type=Path,
-                   help=f"HLO text file, - for stdin (default: the bundled {DEFAULT_DUMP.name})")  # fmt: skip
+    add_module_file(p)
     p.add_argument("--mesh", type=mesh_arg, help="mesh axes major to minor, e.g. fsdp=4,tp=2")
     capacity = p.add_mutually_exclusive_group()
     capacity.add_argument("--chip", type=chip_arg, help=f"chip preset: {', '.join(CHIPS)}")
-    capacity.add_argument("--hbm", type=bytes_arg, help="HBM per chip, e.g. 32GiB or 80GB")
+    capacity.add_argument("--hbm", type=capacity_arg, help="HBM per chip, e.g. 32GiB or 80GB")
 
 
 def capacity_of(args: argparse.Namespace) -> int | None:

@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        # Short output sits in stdout's buffer until exit, where a reader that already left (`| head -n 0`)
+        # would make the interpreter's own flush fail with exit status 120; flushing here catches it below.
+        sys.stdout.flush()
+        return code
     except BrokenPipeError:
         # The reader stopped early (`| head`): what it read is what it wanted. Point stdout at
         # devnull so the interpreter's final flush does not fail again, and exit quietly.
@@ -43,5 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"spmd-planner: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        # Commands report their own writes (`cannot write ...`): a file named here is an input. An error
+        # without a file name is printed as it is, never as `cannot read None`.
+        message = f"cannot read {e.filename}: {e.strerror}" if e.filename is not None else e.strerror or str(e)
+        print(f"spmd-planner: {message}", file=sys.stderr)
         return 2

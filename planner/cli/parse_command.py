@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.cli.arguments import source_name
+from planner.cli.arguments import add_module_file, source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.summary import render_summary, summarize
@@ -15,7 +15,7 @@ from planner.hlo.summary import render_summary, summarize
 
 def register(sub: Any) -> None:
     p = sub.add_parser("parse", help="parse HLO text and print a summary of the module")
-    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
+    add_module_file(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=run)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from planner.cli.arguments import source_name
+from planner.cli.arguments import add_module_file, source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.propagation import PropagationOptions, PropagationResult, propagate
@@ -16,7 +16,7 @@ from planner.propagation import PropagationOptions, PropagationResult, propagate
 
 def register(sub: Any) -> None:
     p = sub.add_parser("propagate", help="simulate XLA's sharding propagation and print every instruction's sharding")
-    p.add_argument("file", nargs="?", type=Path, help=f"HLO text file (default: the bundled {DEFAULT_DUMP.name})")
+    add_module_file(p)
     p.add_argument("--no-spmd", action="store_true", help="non-SPMD semantics (no combining of partial shardings)")
     p.add_argument("--allow-output", type=_bools, metavar="BOOLS",
                    help="propagate to outputs, one flag or one per output (e.g. true or true,false); "
