@@ -62,3 +62,7 @@ class UnsupportedHlo(PlannerError):
 
 class PlanningError(PlannerError):
     """The planner could not produce a plan for a well-formed request."""
+
+
+class Unverifiable(PlanningError):
+    """No faithful compile of this module is possible here (the message says why): verify says so instead."""

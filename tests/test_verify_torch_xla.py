@@ -36,8 +36,8 @@ def _leaves(shape: str) -> list[str]:
 @pytest.mark.parametrize("truth_path", TRUTHS, ids=[p.name.removesuffix(".truth.json") for p in TRUTHS])
 def test_torch_xla_compile_gives_torch_xlas_measured_bytes_and_loops(truth_path) -> None:
     truth = json.loads(truth_path.read_text())
-    text = (TORCH_XLA / truth["hlo"]).read_text()
-    report = compile_with_torch_xla(text, len(truth["mesh"]["device_ids"]))
+    path = TORCH_XLA / truth["hlo"]
+    report = compile_with_torch_xla(parse_hlo_file(path), len(truth["mesh"]["device_ids"]), text=path.read_text())
     assert report["total_bytes"] == truth["xla_per_device_total_bytes"]
     assert [_leaves(w["shape"]) for w in report["while_shapes"]] == [
         _leaves(w["shape"]) for w in truth["xla_post_partition_while_shapes"]

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from planner.errors import Unverifiable
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
@@ -54,7 +55,7 @@ from planner.plan.placements import Placement, apply_placements, max_group_id, p
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import stacked_gradients
 from planner.plan.verdict import verdict
-from planner.plan.verify import Predicted, Unverifiable
+from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
 from planner.propagation import PropagationOptions, PropagationResult, propagate
 from planner.sharding.hlo_sharding import HloSharding

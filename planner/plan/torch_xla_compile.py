@@ -2,7 +2,7 @@
 
 Run as a subprocess (`python -m planner.plan.torch_xla_compile`), one module per
 process: torch_xla reads its device count and XLA's flags once. Reads
-`{"hlo": TEXT, "num_devices": N}` as JSON on stdin and prints one JSON line with
+`{"hlo": TEXT, "num_devices": N, "parameters": parameter_specs(module)}` as JSON on stdin and prints one JSON line with
 XLA's per-device bytes and each While's carried tuple after SPMD partitioning.
 
 Why not jaxlib: jaxlib compiles only StableHLO, and the trip HLO -> MLIR -> HLO
@@ -25,7 +25,7 @@ proto its lowering built; this module gives it the dump's own proto:
 
 The parameters are allocated for real (zeros) on the virtual CPU devices: a
 module whose parameters do not fit this machine cannot be verified this way,
-and the caller says so before trying (`parameters_fit_host`).
+and the planner says so before starting the child (`parameters_fit_host`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planner.errors import Unverifiable
+from planner.hlo.ir import HloModule
+from planner.hlo.shapes import ArrayShape
+from planner.plan.xla_compile import partitioned_whiles
+from planner.sharding.hlo_sharding import Kind
 from planner.units import format_bytes
 
 # Element types torch has a dtype for; a parameter of another type makes the module unverifiable here.
@@ -49,20 +54,15 @@ TORCH_DTYPES = {
 }  # fmt: skip
 
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)", re.MULTILINE)
-_WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
 
 
-class Unverifiable(ValueError):
-    """The module has something torch_xla's user computations cannot be fed."""
+def parameter_specs(module: HloModule) -> list[dict[str, Any]]:
+    """Each entry parameter's dims, torch dtype and tile assignment (None: replicated).
 
-
-def parameter_specs(text: str) -> list[dict[str, Any]]:
-    """Each entry parameter's dims, torch dtype and tile assignment (None: replicated)."""
-    from planner.hlo.parser import parse_hlo
-    from planner.hlo.shapes import ArrayShape
-    from planner.sharding.hlo_sharding import Kind
-
-    module = parse_hlo(text)
+    Made by the planner from the module it already parsed and sent along with the text, so the
+    child process reads no HLO of its own but jaxlib's proto. Raises `Unverifiable` for a parameter
+    torch_xla cannot be fed.
+    """
     params = sorted(
         (i for i in module.entry.instructions if i.opcode == "parameter"), key=lambda i: i.parameter_number or 0
     )
@@ -156,11 +156,7 @@ def compile_step(text: str, specs: list[dict[str, Any]], num_devices: int, dump_
     partitioned = sorted(
         Path(dump_dir).glob(step.name.replace("before_optimizations.txt", "*after_spmd-partitioning*.txt"))
     )
-    whiles = (
-        [{"name": m.group(1), "shape": m.group(2)} for m in _WHILE.finditer(partitioned[-1].read_text())]
-        if partitioned
-        else []
-    )
+    whiles = partitioned_whiles(partitioned[-1].read_text()) if partitioned else []
     return {
         "xla": f"torch_xla {torch_xla.__version__} (its own XLA, GSPMD on {num_devices} virtual CPU devices)",
         "total_bytes": total,
@@ -192,13 +188,7 @@ def host_budget_bytes() -> int:
 def main() -> int:
     request = json.load(sys.stdin)
     n = int(request["num_devices"])
-    text = request["hlo"]
-    try:
-        specs = parameter_specs(text)
-        parameters_fit_host(specs, n, host_budget_bytes())
-    except Unverifiable as e:
-        print(json.dumps({"unverifiable": str(e)}))
-        return 0
+    text, specs = request["hlo"], request["parameters"]
     with tempfile.TemporaryDirectory(prefix="spmd-planner-torch-xla-") as dump:
         os.environ.update(
             PJRT_DEVICE="CPU",

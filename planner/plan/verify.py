@@ -31,6 +31,7 @@ from planner.hlo.printer import print_module
 from planner.hlo.shapes import TupleShape, parse_shape
 from planner.plan.model import TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
+from planner.plan.torch_xla_compile import host_budget_bytes, parameter_specs, parameters_fit_host
 from planner.scanner import Cursor
 
 TIME_LIMIT_SECONDS = 600
@@ -45,10 +46,6 @@ class Predicted:
     cpu_after: int
     tpu_before: int | None = None
     tpu_after: int | None = None
-
-
-class Unverifiable(PlanningError):
-    """No faithful verification is possible for this module here; the message says why."""
 
 
 def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
@@ -70,10 +67,7 @@ def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
         elif request.get("tpu_topology") and "libtpu" in done.stderr.lower() and "not found" in done.stderr.lower():
             tail = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
         raise PlanningError(f"XLA could not compile the module: {tail}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if "unverifiable" in report:
-        raise Unverifiable(report["unverifiable"])
-    return report
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def compile_with_xla(
@@ -89,9 +83,19 @@ def compile_with_xla(
     return _run("planner.plan.xla_compile", request, timeout, "jaxlib")
 
 
-def compile_with_torch_xla(text: str, num_devices: int, timeout: float = TIME_LIMIT_SECONDS) -> dict:
-    """torch_xla's own XLA's report for one module (see `torch_xla_compile`)."""
-    return _run("planner.plan.torch_xla_compile", {"hlo": text, "num_devices": num_devices}, timeout, "torch_xla")
+def compile_with_torch_xla(
+    module: HloModule, num_devices: int, timeout: float = TIME_LIMIT_SECONDS, text: str | None = None
+) -> dict:
+    """torch_xla's own XLA's report for one module (see `torch_xla_compile`); `text` when already printed.
+
+    Raises `Unverifiable`, before starting the child, for parameters torch_xla cannot be fed or this
+    machine cannot hold.
+    """
+    parameters = parameter_specs(module)
+    parameters_fit_host(parameters, num_devices, host_budget_bytes())
+    request = {"hlo": print_module(module) if text is None else text, "num_devices": num_devices,
+               "parameters": parameters}  # fmt: skip
+    return _run("planner.plan.torch_xla_compile", request, timeout, "torch_xla")
 
 
 def allows_output_propagation(module: HloModule) -> bool:
@@ -125,7 +129,9 @@ def verify(
     texts = (print_module(original), print_module(patched))
     torch_xla = is_torch_xla_module(original)
     if torch_xla:
-        before, after = (compile_with_torch_xla(t, num_devices) for t in texts)
+        before, after = (
+            compile_with_torch_xla(m, num_devices, text=t) for m, t in zip((original, patched), texts, strict=True)
+        )
     else:
         before, after = (compile_with_xla(t, num_devices, allow_output) for t in texts)
     mismatches, check = gradient_mismatches(after["while_shapes"], patched, gradients)

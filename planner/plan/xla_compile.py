@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-_WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(")
+_WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
+
+
+def partitioned_whiles(text: str) -> list[dict[str, str]]:
+    """Each While of a module XLA dumped right after SPMD partitioning: its name and per-device tuple shape."""
+    return [{"name": m.group(1), "shape": m.group(2)} for m in _WHILE.finditer(text)]
 
 
 def compile_spmd(
@@ -94,8 +99,14 @@ def memory_total(executable: Any) -> int:
 
 def main() -> int:
     request = json.load(sys.stdin)
+    with tempfile.TemporaryDirectory(prefix="spmd-planner-xla-") as dump:
+        report = _compile_report(request, dump)
+    print(json.dumps(report))
+    return 0
+
+
+def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
     n = int(request["num_devices"])
-    dump = tempfile.mkdtemp(prefix="spmd-planner-xla-")
     os.environ["XLA_FLAGS"] = (
         f"--xla_force_host_platform_device_count={n} --xla_dump_to={dump} "
         "--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=spmd-partitioning"
@@ -114,8 +125,8 @@ def main() -> int:
     partitioned = sorted(glob.glob(os.path.join(dump, "*after_*spmd-partitioning*.txt")))
     if partitioned:
         with open(partitioned[-1]) as f:
-            whiles = [{"name": m.group(1), "shape": m.group(2)} for line in f if (m := _WHILE.match(line))]
-    print(json.dumps({
+            whiles = partitioned_whiles(f.read())
+    return {
         "xla": f"jaxlib {jaxlib.__version__} " + (
             f"(XLA:TPU, libtpu {_libtpu_version()}, GSPMD ahead of time for {topology})"
             if topology else f"(XLA GSPMD on {n} virtual CPU devices)"
@@ -127,8 +138,7 @@ def main() -> int:
         "alias_bytes": int(stats.alias_size_in_bytes),
         "while_shapes": whiles,
         "seconds": round(seconds, 3),
-    }))  # fmt: skip
-    return 0
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
