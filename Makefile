@@ -9,14 +9,18 @@ BIN := $(VENV)/bin
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint chromium
+.PHONY: run test lint chromium native
 
-run: $(VENV)/.installed-core
+# The compiled core (planner/native.py, built by setup.py) follows its sources: an edit not yet
+# rebuilt runs as pure Python, and `make native` (which run and test call) rebuilds it.
+NATIVE_SOURCES := setup.py planner/native.py $(wildcard planner/sharding/*.py planner/propagation/*.py planner/memory/*.py)
+
+run: $(VENV)/.installed-core $(VENV)/.native
 	$(BIN)/spmd-planner plan --mesh fsdp=4,tp=2 --chip v6e
 	@echo
 	@echo "dashboard: $(BIN)/spmd-planner serve, then open http://127.0.0.1:8000/ and plan a dump there"
 
-test: lint chromium
+test: lint chromium $(VENV)/.native
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-full
@@ -28,13 +32,19 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-core: pyproject.toml $(VENV)/bin/python
+$(VENV)/.installed-core: pyproject.toml setup.py $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e .
-	touch $@
+	touch $@ $(VENV)/.native
 
-$(VENV)/.installed-full: pyproject.toml $(VENV)/bin/python
+$(VENV)/.installed-full: pyproject.toml setup.py $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,xla,tpu]'
-	touch $@ $(VENV)/.installed-core
+	touch $@ $(VENV)/.installed-core $(VENV)/.native
+
+native: $(VENV)/.native
+
+$(VENV)/.native: $(NATIVE_SOURCES) | $(VENV)/.installed-core
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
 
 # The dashboard's end-to-end test drives Debian's Chromium headless.
 chromium:

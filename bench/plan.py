@@ -1,45 +1,113 @@
-"""Full plan time against XLA's compile of the same module.
+"""Full plan time against XLA's compile of the same module, for three steps users plan.
 
-    .venv/bin/python bench/plan.py [FILE.hlo ...] [--repeat N]
+    .venv/bin/python bench/plan.py [--repeat N] [--no-tpu] [--no-per-mb]
 
-For each file: our whole plan without verification (parse, inline, propagate,
-size memory, find, root-cause, build placements, re-simulate each; median of
-N, cold caches), XLA's SPMD compile of the same text on 8 virtual CPU devices
-through jaxlib (median of 2), their ratio, and the share of the plan spent
-in re-simulation. The target for the bundled L=8 dump is a plan under 5% of
-XLA's compile.
+Steps: the bundled torch_xla dump (8 devices), the public JAX L=8 step (8 devices), and a
+Llama-3.1-405B-shaped JAX step with remat on a 64x4 mesh (256 devices; a fidelity reference,
+generated into the cache on first use). For each, in one run:
+
+- our whole plan without verification (parse, inline, propagate, size memory, find, root-cause,
+  build placements, re-simulate each; median of N, cold caches) and its number of simulations;
+- propagation alone (parse + inline + one propagation; median of N);
+- XLA's SPMD compile of the same text on virtual CPU devices, and where libtpu is installed the TPU
+  compiler's ahead-of-time compile for a v6e slice of the same size, each in a child process
+  (XLA reads its device count once per process);
+- the ratios. Targets: plan <= 0.05x and propagation <= 0.02x of XLA:CPU's compile.
+
+Then plan time per MB of HLO text over every corpus step: flat within +-30% of the median is the
+target (a plan must not grow faster than the module).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from xla_reference import compile_spmd, summary  # noqa: E402
+from xla_reference import summary  # noqa: E402
 
+from planner import native  # noqa: E402
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
 from planner.mesh import Mesh  # noqa: E402
 from planner.plan import planner as planner_module  # noqa: E402
+from planner.propagation import propagate  # noqa: E402
 from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
-DEFAULT = [
-    SHARED / "corpus" / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo",
-    SHARED / "corpus" / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo",
-]
-TARGET = 0.05
+PLAN_TARGET = 0.05
+PROPAGATION_TARGET = 0.02
+FLATNESS = 0.30
 
 
-def plan_seconds(text: str, mesh: Mesh) -> tuple[float, int]:
+@dataclass(frozen=True)
+class Step:
+    name: str
+    mesh: str
+    tpu_topology: str
+
+    def text(self) -> str:
+        return for_jaxlib_0_7(self.path().read_text())
+
+    def path(self) -> Path:
+        if self.name.endswith(".hlo"):
+            return SHARED / "corpus" / self.name
+        from fidelity.cases import case_named
+        from fidelity.references import ensure_references, reference_path
+
+        case = case_named(self.name)
+        failed = ensure_references([case])
+        if failed:
+            raise SystemExit(f"could not generate the reference {self.name}")
+        return reference_path(case)
+
+
+STEPS = (
+    Step("torch_xla/llama_scan_L8_fsdp4_tp2.hlo", "fsdp=4,tp=2", "v6e:2x4"),
+    Step("jax/jax_llama_scan_L8_fsdp4_tp2.hlo", "fsdp=4,tp=2", "v6e:2x4"),
+    Step("jax_llama405b_remat_L126_fsdp64_tp4", "fsdp=64,tp=4", "v6e:16x16"),
+)
+
+# Runs in a child: one compile of the text on stdin, its seconds on stdout.
+_COMPILE = """
+import json, os, sys
+request = json.load(sys.stdin)
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={request['num_devices']}"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if request["tpu_topology"]:
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+from planner.plan.xla_compile import compile_spmd
+_, seconds = compile_spmd(request["hlo"], request["num_devices"], True, request["tpu_topology"])
+print(json.dumps({"seconds": seconds}))
+"""
+
+
+def xla_seconds(text: str, num_devices: int, tpu_topology: str | None) -> float:
+    request = {"hlo": text, "num_devices": num_devices, "tpu_topology": tpu_topology}
+    done = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps(request), capture_output=True,
+                          text=True, cwd=REPO, timeout=1800)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"XLA's compile failed:\n{done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def has_libtpu() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("libtpu") is not None
+
+
+def plan_seconds(text: str, mesh: Mesh | None) -> tuple[float, int]:
     """(seconds, simulations run) for one cold plan."""
     clear_caches()
     count = 0
@@ -59,22 +127,66 @@ def plan_seconds(text: str, mesh: Mesh) -> tuple[float, int]:
         planner_module.simulate = simulate  # type: ignore[assignment]
 
 
+def propagation_seconds(text: str) -> float:
+    clear_caches()
+    start = time.perf_counter()
+    propagate(parse_hlo(text))
+    return time.perf_counter() - start
+
+
+def per_mb(repeat: int) -> None:
+    """Plan seconds per MB of text over the corpus: flat means the plan grows with the module, no faster."""
+    rows = []
+    for path in sorted((SHARED / "corpus").glob("*/*.hlo")):
+        text = path.read_text()
+        seconds = statistics.median(plan_seconds(text, None)[0] for _ in range(repeat))
+        rows.append((path.name, len(text) / 1e6, seconds))
+    median = statistics.median(s / mb for _, mb, s in rows)
+    print(f"\n{'corpus step':<48} {'MB':>6} {'plan s':>8} {'s/MB':>7} {'vs median':>9}")
+    for name, mb, seconds in rows:
+        print(f"{name:<48} {mb:>6.2f} {seconds:>8.3f} {seconds / mb:>7.3f} {seconds / mb / median - 1:>+9.0%}")
+    spread = max(abs(s / mb / median - 1) for _, mb, s in rows)
+    verdict = "met" if spread <= FLATNESS else "missed"
+    print(f"largest deviation from the median: {spread:+.0%} (target within +-{FLATNESS:.0%}: {verdict})")
+    summary("plan seconds per MB, corpus", f"{len(rows)} steps", spread, FLATNESS, "frac", spread / FLATNESS,
+            f"largest deviation from the median {median:.3f} s/MB; target <= {FLATNESS:.0%}: {verdict}")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="*", type=Path, default=DEFAULT)
-    ap.add_argument("--mesh", default="fsdp=4,tp=2")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-tpu", action="store_true", help="skip the TPU compiler's ahead-of-time compile")
+    ap.add_argument("--no-per-mb", action="store_true", help="skip the per-MB table over the corpus")
     args = ap.parse_args()
-    mesh = Mesh.parse(args.mesh)
-    print(f"{'file':<40} {'plan s':>8} {'simulations':>12} {'XLA compile s':>14} {'plan/XLA':>9} {'target':>7}")
-    for path in args.files:
-        text = for_jaxlib_0_7(path.read_text())
+    tpu = has_libtpu() and not args.no_tpu
+    print(f"planner core: {native.status()}")
+    header = f"{'step':<42} {'plan s':>7} {'sims':>5} {'prop s':>7} {'XLA:CPU s':>10} {'plan/CPU':>9} {'prop/CPU':>9}"
+    print(header + (f" {'XLA:TPU s':>10} {'plan/TPU':>9}" if tpu else ""))
+    for step in STEPS:
+        text = step.text()
+        mesh = Mesh.parse(step.mesh)
         runs = [plan_seconds(text, mesh) for _ in range(args.repeat)]
-        ours = statistics.median(r[0] for r in runs)
-        xla = statistics.median(compile_spmd(text, allow_output=True)[1] for _ in range(2))
-        verdict = "met" if ours / xla <= TARGET else "missed"
-        print(f"{path.name:<40} {ours:>8.3f} {runs[0][1]:>12} {xla:>14.3f} {ours / xla:>9.3f} {verdict:>7}")
-        summary("full plan", path.name, ours, xla, "s", ours / xla, f"target <= {TARGET}: {verdict}")
+        plan = statistics.median(r[0] for r in runs)
+        prop = statistics.median(propagation_seconds(text) for _ in range(args.repeat))
+        cpu = xla_seconds(text, mesh.num_devices, None)
+        line = (f"{Path(step.name).stem:<42} {plan:>7.3f} {runs[0][1]:>5} {prop:>7.3f} {cpu:>10.3f} "
+                f"{plan / cpu:>9.3f} {prop / cpu:>9.3f}")  # fmt: skip
+        if tpu:
+            tpu_seconds = xla_seconds(text, mesh.num_devices, step.tpu_topology)
+            line += f" {tpu_seconds:>10.3f} {plan / tpu_seconds:>9.3f}"
+        print(line, flush=True)
+        case = Path(step.name).stem
+        met = "met" if plan / cpu <= PLAN_TARGET else "missed"
+        summary("full plan vs XLA:CPU compile", case, plan, cpu, "s", plan / cpu, f"target <= {PLAN_TARGET}: {met}")
+        met = "met" if prop / cpu <= PROPAGATION_TARGET else "missed"
+        summary("propagation vs XLA:CPU compile", case, prop, cpu, "s", prop / cpu,
+                f"target <= {PROPAGATION_TARGET}: {met}")  # fmt: skip
+        if tpu:
+            met = "met" if plan / tpu_seconds <= PLAN_TARGET else "missed"
+            summary("full plan vs XLA:TPU AOT compile", f"{case} ({step.tpu_topology})", plan, tpu_seconds, "s",
+                    plan / tpu_seconds, f"target <= {PLAN_TARGET}: {met}")  # fmt: skip
+    if not args.no_per_mb:
+        per_mb(args.repeat)
     return 0
 
 

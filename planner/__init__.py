@@ -1,11 +1,16 @@
 """SPMD sharding planner: read HLO, simulate GSPMD, size HBM per chip, plan fixes."""
 
-from planner.errors import HloParseError, PlannerError, PlanningError, UnsupportedHlo
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.loops import WhileLoop, while_loops
-from planner.hlo.parser import parse_hlo, parse_hlo_file
-from planner.hlo.printer import print_module
-from planner.sharding import HloSharding, TileAssignment, parse_sharding
+from planner import native
+
+# Before any compiled module loads: the compiled core, or the source when it is missing or stale.
+native.select()
+
+from planner.errors import HloParseError, PlannerError, PlanningError, UnsupportedHlo  # noqa: E402
+from planner.hlo.ir import Computation, HloModule, Instruction  # noqa: E402
+from planner.hlo.loops import WhileLoop, while_loops  # noqa: E402
+from planner.hlo.parser import parse_hlo, parse_hlo_file  # noqa: E402
+from planner.hlo.printer import print_module  # noqa: E402
+from planner.sharding import HloSharding, TileAssignment, parse_sharding  # noqa: E402
 
 __all__ = [
     "Computation",

@@ -75,11 +75,22 @@ class _UnionFind:
             self.parent[rb] = ra
 
 
+# id(shape) -> (shape, offsets): a loop's 100-element tuple is read by 100 get-tuple-elements.
+_OFFSETS: dict[int, tuple[Shape, list[int]]] = {}
+
+
 def _offsets(shape: Shape) -> list[int]:
+    """Leaf offset of each top-level tuple element, then the leaf count."""
+    cached = _OFFSETS.get(id(shape))
+    if cached is not None and cached[0] is shape:
+        return cached[1]
     offsets = [0]
     if isinstance(shape, TupleShape):
         for e in shape.elements:
             offsets.append(offsets[-1] + len(array_leaves(e)))
+    if len(_OFFSETS) > 65536:
+        _OFFSETS.clear()
+    _OFFSETS[id(shape)] = (shape, offsets)
     return offsets
 
 
@@ -191,6 +202,7 @@ class _Model:
         invariant = invariant_elements(body)
         order = {x.name: k for k, x in enumerate(comp.instructions)}
         taken: set[Value] = set()  # an init buffer feeds at most one carried element; XLA copies the rest
+        parameter_values = self._entry_parameter_values()  # carried elements are never parameters: fixed here
         for i in range(len(array_leaves(inst.shape))):
             carried = self.value(comp.name, inst.name, i)
             init_value = self.value(comp.name, init.name, i)
@@ -203,7 +215,7 @@ class _Model:
             self.loop_of[carried] = inst.name
             self.uf.union(carried, self.value(body.name, root.name, i))
             init_root = self.uf.find(init_value)
-            from_parameter = any(self.uf.find(v) == init_root for v in self._entry_parameter_values())
+            from_parameter = any(self.uf.find(v) == init_root for v in parameter_values)
             read_later = False
             if init.opcode == "tuple" and i < len(init.operands):
                 source = init.operands[i]
@@ -375,11 +387,18 @@ def estimate_memory(
         if owner is not None and owner.name in positions:
             extra_at[positions[owner.name]] = extra_at.get(positions[owner.name], 0) + body_peak
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
-    peak, peak_position = 0, 0
+    # Bytes live at each position, swept over the buffers' start and end events.
+    change = [0] * (end_position + 1)
+    for b in temps:
+        if b.start < end_position:
+            change[b.start] += b.size_bytes
+            change[min(b.end, end_position - 1) + 1] -= b.size_bytes
+    peak, peak_position, live = 0, 0, 0
     for p in range(end_position):
-        live = sum(b.size_bytes for b in temps if b.start <= p <= b.end) + extra_at.get(p, 0)
-        if live > peak:
-            peak, peak_position = live, p
+        live += change[p]
+        here = live + extra_at.get(p, 0)
+        if here > peak:
+            peak, peak_position = here, p
     # What on-chip memory holds at the peak is not HBM.
     on_chip = min(peak, backend.alternate_memory_bytes)
     peak -= on_chip

@@ -117,8 +117,21 @@ def memory_report(
     if mesh is not None and partitions is not None and partitions != mesh.num_devices:
         raise ValueError(f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has "
                          f"num_partitions={partitions}")  # fmt: skip
-    estimate = estimate_memory(inlined, result, mesh, backend)
-    return _report(inlined, estimate, mesh, capacity_bytes, top, backend, _unmodelled(inlined, result))
+    return report_from_estimate(inlined, result, estimate_memory(inlined, result, mesh, backend), mesh,
+                                capacity_bytes, top, backend)  # fmt: skip
+
+
+def report_from_estimate(
+    module: HloModule,
+    result: PropagationResult,
+    estimate: MemoryEstimate,
+    mesh: Mesh | None,
+    capacity_bytes: int | None,
+    top: int = 10,
+    backend: str = "cpu",
+) -> MemoryReport:
+    """The report of an estimate already made (`estimate_memory` on this inlined module, result and backend)."""
+    return _report(module, estimate, mesh, capacity_bytes, top, backend, _unmodelled(module, result))
 
 
 def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelled, ...]:

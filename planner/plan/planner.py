@@ -19,16 +19,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from planner.errors import Unverifiable
+from planner.gc_pause import collection_paused
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_gspmd
-from planner.memory import MemoryReport, memory_report
+from planner.memory import MemoryEstimate, MemoryReport, estimate_memory, memory_report
 from planner.memory.backends import tpu_topology
 from planner.memory.buffers import leaf_shardings, per_device_bytes
-from planner.memory.report import BufferLine
-from planner.memory.timeline import memory_timeline
+from planner.memory.report import BufferLine, report_from_estimate
+from planner.memory.timeline import timelines
 from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
 from planner.plan.findings import Finding, buffer_findings
@@ -72,6 +73,7 @@ class Simulation:
     module: HloModule
     result: PropagationResult
     memory: MemoryReport
+    estimate: MemoryEstimate  # what `memory` reports, kept for the timeline
 
     @property
     def total(self) -> int:
@@ -85,8 +87,11 @@ def simulate(
     capacity_bytes: int | None,
     backend: str = "cpu",
 ) -> Simulation:
+    """`module` already inlined and read as GSPMD (make_plan's), `mesh` resolved and checked against it."""
     result = propagate(module, options, inline=False)
-    return Simulation(module, result, memory_report(module, mesh, capacity_bytes, result=result, backend=backend))
+    estimate = estimate_memory(module, result, mesh, backend)
+    memory = report_from_estimate(module, result, estimate, mesh, capacity_bytes, backend=backend)
+    return Simulation(module, result, memory, estimate)
 
 
 def make_plan(
@@ -105,6 +110,21 @@ def make_plan(
     With `verify`, real XLA compiles the original and the patched module (see `verify`): XLA:CPU,
     and XLA:TPU too when `chip_name` is a TPU preset and libtpu is installed.
     """
+    with collection_paused():
+        return _make_plan(module, mesh, capacity_bytes, options, threshold, min_bytes, manifest, verify, chip_name)
+
+
+def _make_plan(
+    module: HloModule,
+    mesh: Mesh | None,
+    capacity_bytes: int | None,
+    options: PropagationOptions | None,
+    threshold: float,
+    min_bytes: int,
+    manifest: Manifest | None,
+    verify: bool,
+    chip_name: str | None,
+) -> tuple[Plan, HloModule]:
     options = options or PropagationOptions.from_module(module)
     warnings = mesh_warnings(module, mesh)
     mesh = resolve_mesh(module, mesh)
@@ -289,7 +309,7 @@ def _check_manifest(module: HloModule, manifest: Manifest) -> None:
 
 def _timeline(sim: Simulation, mesh: Mesh | None, backend: str) -> list[TimelineSeries]:
     """Bytes live per device over program order, from the simulation's own memory model."""
-    return [TimelineSeries(**asdict(t)) for t in memory_timeline(sim.module, sim.result, mesh, backend)]
+    return [TimelineSeries(**asdict(t)) for t in timelines(sim.module, sim.result, sim.estimate, backend)]
 
 
 def _mb(n: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from planner.gc_pause import collection_paused
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.shardy_import import to_gspmd
@@ -112,8 +113,9 @@ def propagate(module: HloModule, options: PropagationOptions | None = None, inli
     if inline:
         inlined = inline_calls(to_gspmd(module))
         module, aliases = inlined.module, inlined.aliases
-    propagator = Propagator(module, options)
-    propagator.run()
+    with collection_paused():
+        propagator = Propagator(module, options)
+        propagator.run()
     instructions = tuple(
         PropagatedInstruction(
             n.name,

@@ -14,7 +14,7 @@ from planner.sharding.reshape import propagate_through_reshape
 
 
 def infer_from_users(ctx: Context, node: Node) -> bool:
-    if ctx.aggressiveness < 2 and node.opcode == "broadcast":
+    if node.opcode == "broadcast" and not ctx.at_least(2):
         return False
     if node.sharding is not None and node.sharding.is_manual:
         return False
@@ -25,7 +25,7 @@ def infer_from_users(ctx: Context, node: Node) -> bool:
             if node.is_array and user.sharding.is_manual:
                 ctx.set(node, HloSharding.manual(), "manual from user", (user,))
                 return True
-            s = sharding_from_user(ctx, node, user, ctx.aggressiveness)
+            s = sharding_from_user(ctx, node, user)
             if s is not None and s.is_manual:
                 ctx.set(node, s, "manual from user", (user,))
                 return True
@@ -37,7 +37,7 @@ def infer_from_users(ctx: Context, node: Node) -> bool:
             # XLA forces the seed of a random-bit generator to be replicated.
             ctx.set(node, HloSharding.replicate(), "operand of rng-bit-generator", (user,))
             return True
-        s = sharding_from_user(ctx, node, user, ctx.aggressiveness)
+        s = sharding_from_user(ctx, node, user)
         if s is not None and node.is_custom_call("ShardBarrierTo"):
             s = HloSharding.replicate()  # nothing flows backward through this barrier
         if s is not None:
@@ -54,22 +54,27 @@ def _compatible(a: Shape, b: Shape) -> bool:
     return False
 
 
-def sharding_from_user(ctx: Context, node: Node, user: Node, aggressiveness: int) -> HloSharding | None:
-    """GetShardingFromUser: the sharding `user` wants for its operand `node`."""
-    saved = ctx.aggressiveness
-    ctx.aggressiveness = aggressiveness
+def sharding_from_user(ctx: Context, node: Node, user: Node, aggressiveness: int | None = None) -> HloSharding | None:
+    """GetShardingFromUser: the sharding `user` wants for its operand `node`, at the current level or the one given."""
+    if aggressiveness is None:
+        return _sharding_from_user(ctx, node, user)
+    saved = ctx.swap_level(aggressiveness)
     try:
-        if not ctx.can_propagate_at_level(user):
-            return None
-        us = user.sharding
-        if us is None or not is_spatially_partitioned(us):
-            return None
-        rule = _RULES.get(user.opcode)
-        if rule is not None:
-            return rule(ctx, node, user, us)
-        return us if _compatible(node.shape, user.shape) else None
+        return _sharding_from_user(ctx, node, user)
     finally:
-        ctx.aggressiveness = saved
+        ctx.swap_level(saved)
+
+
+def _sharding_from_user(ctx: Context, node: Node, user: Node) -> HloSharding | None:
+    if not ctx.can_propagate_at_level(user):
+        return None
+    us = user.sharding
+    if us is None or not is_spatially_partitioned(us):
+        return None
+    rule = _RULES.get(user.opcode)
+    if rule is not None:
+        return rule(ctx, node, user, us)
+    return us if _compatible(node.shape, user.shape) else None
 
 
 def _broadcast(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
@@ -83,7 +88,7 @@ def _broadcast(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloShar
 
 
 def _concatenate(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
-    if ctx.aggressiveness == 0:
+    if not ctx.at_least(1):
         return None
     if us.is_replicated or ctx.options.is_spmd or not us.is_tiled:
         return us
@@ -109,7 +114,7 @@ def _concatenate(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSh
 
 
 def _dynamic_slicing(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloSharding | None:
-    if ctx.aggressiveness == 0:
+    if not ctx.at_least(1):
         return None
     if us.is_replicated:
         return us
@@ -163,14 +168,19 @@ def _get_tuple_element(ctx: Context, node: Node, user: Node, us: HloSharding) ->
     index = user.inst.attr("index")
     offsets = leaf_offsets(node.shape)
     offset, count = offsets[index], offsets[index + 1] - offsets[index]
+    new = us.elements if us.is_tuple else (us,)
     if node.sharding is not None and node.sharding.is_tuple:
+        current = node.sharding.elements[offset : offset + count]
+        if current == new and node.sharding.shard_group is None:
+            # The user wants what the tuple already holds there: the candidate would equal the existing
+            # sharding, so hand back that (no 100-element rebuild to compare equal).
+            return node.sharding
         leaves = list(node.sharding.elements)
     else:
         first = us.elements[0] if us.is_tuple and us.elements else us
         if us.is_tuple and not us.elements:
             return None
         leaves = [algebra.replicate_all_data_dims(first, len(leaf.dims)) for leaf in node.shape.leaves()]
-    new = list(us.elements) if us.is_tuple else [us]
     leaves[offset : offset + count] = new
     return HloSharding.tuple_of(tuple(leaves))
 

@@ -2,13 +2,18 @@
 
 `improve()` is XLA's MaybeImproveInstructionSharding with provenance: every
 change of a node's sharding records the rule and the neighbours it came from.
+
+The context also records what an inference depended on, so the driver can
+skip inferences that cannot change anything (see `driver.py`): which
+aggressiveness thresholds a rule tested (`levels_read`), and, through `set`,
+which nodes changed (every reader of a changed node is marked stale).
 """
 
 from __future__ import annotations
 
 from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from planner.hlo.shapes import ArrayShape
-from planner.propagation.graph import Graph, Node, Provenance
+from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.propagation.graph import Graph, Node, Provenance, leaf_offsets
 from planner.propagation.options import PropagationOptions
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.merge import improved_sharding
@@ -29,6 +34,9 @@ PASSTHROUGH_CUSTOM_CALLS = frozenset({"Sharding", "X64Combine", "LayoutConstrain
 # Custom-calls XLA partitions itself (registered partitioners).
 SHARDABLE_CUSTOM_CALLS = PASSTHROUGH_CUSTOM_CALLS | {"ShardBarrierFrom", "ShardBarrierTo"}
 
+
+# Levels run 0..3; a rule that reads the level as a number depends on all of them.
+ALL_LEVELS = 0b1111
 
 _ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE | ELEMENTWISE_EXTRA
 
@@ -52,14 +60,36 @@ class Context:
         self.provided: set[int] = set()
         # computation -> the While/call/conditional node that calls it
         self.computation_map: dict[str, Node] = {}
-        self.aggressiveness = 0
+        self._level = 0
+        # Bit t set: the running inference tested `aggressiveness >= t` (ALL_LEVELS: it read the level itself).
+        self.levels_read = 0
         self.iteration = 0
         # Partial annotations: id(node) -> dims the annotation leaves open.
         self.unspecified_dims: dict[int, tuple[int, ...]] = {}
 
     @property
+    def aggressiveness(self) -> int:
+        """The level itself: a rule that reads it depends on every level."""
+        self.levels_read |= ALL_LEVELS
+        return self._level
+
+    @aggressiveness.setter
+    def aggressiveness(self, level: int) -> None:
+        self._level = level
+
+    def swap_level(self, level: int) -> int:
+        """Sets the level and returns the old one (a rule asking at another level puts it back)."""
+        old, self._level = self._level, level
+        return old
+
+    def at_least(self, level: int) -> bool:
+        """`aggressiveness >= level`, recorded: the rule's result can change only where this test does."""
+        self.levels_read |= 1 << level
+        return self._level >= level
+
+    @property
     def combine_partial(self) -> bool:
-        return self.options.is_spmd and self.aggressiveness > 0
+        return self.options.is_spmd and self.at_least(1)
 
     def is_provided(self, node: Node) -> bool:
         return id(node) in self.provided
@@ -69,8 +99,16 @@ class Context:
         return len(node.users) - (1 if root in node.users else 0)
 
     def set(self, node: Node, sharding: HloSharding, rule: str, sources: tuple[Node, ...] = ()) -> None:
+        old = node.sharding
         node.sharding = sharding
-        node.provenance = Provenance(rule, tuple(s.name for s in sources), self.aggressiveness, self.iteration)
+        node.provenance = Provenance(rule, tuple(s.name for s in sources), self._level, self.iteration)
+        if old is not None and old.is_tuple and sharding.is_tuple and len(old.elements) == len(sharding.elements):
+            _mark_tuple_readers(node, old, sharding)
+            return
+        for reader in node.forward_readers:
+            reader.forward_current = False
+        for reader in node.backward_readers:
+            reader.backward_current = False
 
     def improve(
         self, node: Node, candidate: HloSharding, rule: str, sources: tuple[Node, ...] = (), aggressive: bool = False
@@ -86,8 +124,8 @@ class Context:
         if is_elementwise(node) or node.is_custom_call("Sharding") or node.opcode in PASS_THROUGH:
             return True
         if node.opcode == "broadcast":
-            return self.aggressiveness >= 2
-        return self.aggressiveness >= 1
+            return self.at_least(2)
+        return self.at_least(1)
 
     def supports_spatial_partitioning(self, node: Node, allow_output: bool, allow_parameters: bool) -> bool:
         comp = node.computation
@@ -113,3 +151,38 @@ class Context:
     @property
     def allow_parameters(self) -> bool:
         return any(self.options.allow_to_parameters)
+
+
+# Backward rules that read the user's other operands too (GetShardingFromUser's dot, convolution,
+# reduce and scatter cases); every other rule reads only the user and the operand asking.
+READS_SIBLINGS = frozenset({"dot", "convolution", "reduce", "scatter"})
+
+
+def _mark_tuple_readers(node: Node, old: HloSharding, new: HloSharding) -> None:
+    """A tuple's sharding changed in some leaves: only readers of those leaves are stale.
+
+    A get-tuple-element reads one element of its operand, and an operand of a tuple reads (backward)
+    the element(s) at its positions; a 118-element loop state changing one leaf re-queues one reader,
+    not 118.
+    """
+    changed = [a != b for a, b in zip(old.elements, new.elements)]
+    offsets = leaf_offsets(node.shape) if isinstance(node.shape, TupleShape) else None
+
+    def touches(positions: list[int]) -> bool:
+        assert offsets is not None
+        return any(any(changed[offsets[k] : offsets[k + 1]]) for k in positions)
+
+    for reader in node.forward_readers:
+        reads_one_element = reader is not node and reader.opcode == "get-tuple-element" and reader.operands[0] is node
+        if offsets is not None and reads_one_element and not touches([reader.inst.attr("index")]):
+            continue
+        reader.forward_current = False
+    for reader in node.backward_readers:
+        if offsets is not None and reader is not node and node.opcode == "tuple":
+            positions = [k for k, o in enumerate(node.operands) if o is reader]
+            through_siblings = any(
+                u is not node and u.opcode in READS_SIBLINGS and node in u.operands for u in reader.users
+            )
+            if positions and not through_siblings and not touches(positions):
+                continue
+        reader.backward_current = False

@@ -10,16 +10,28 @@
    pass in post order, a backward pass in reverse post order.
 5. `shard_as` groups are forced to one common sharding, then one more pass.
 6. Outputs and parameters that may not change get their shardings back.
+
+The fixed point is a worklist over XLA's order. XLA visits every instruction
+not in its done-sets, in post order, and clears those sets at each level;
+most visits change nothing. Here a visit is skipped when it provably changes
+nothing: its last inference in that direction changed nothing, no node that
+inference reads (`forward_reads` / `backward_reads`) has changed since, and
+no aggressiveness threshold it tested lies between the level it ran at and
+this one. A skipped visit leaves the node done, as XLA's no-op visit would,
+so the order of the visits that do change something is XLA's, unchanged.
+`SPMD_PLANNER_WORKLIST=check` runs every skipped inference anyway and fails
+if one would have changed anything; `=off` visits everything.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 from planner.errors import PlanningError
 from planner.hlo.ir import Attribute, HloModule
 from planner.propagation.backward import infer_from_users
-from planner.propagation.context import Context
+from planner.propagation.context import READS_SIBLINGS, Context
 from planner.propagation.forward import infer_from_operands
 from planner.propagation.graph import Graph, Node, Provenance
 from planner.propagation.options import PropagationOptions
@@ -28,6 +40,8 @@ from planner.sharding.hlo_sharding import HloSharding
 
 # A guard: XLA's fixed point always terminates; a bug here must not hang.
 _MAX_ITERATIONS = 10_000
+WORKLIST_VARIABLE = "SPMD_PLANNER_WORKLIST"
+FORWARD, BACKWARD = 0, 1
 
 
 class Propagator:
@@ -40,6 +54,13 @@ class Propagator:
         self.renamed: dict[str, str] = {}
         # The last node whose sharding changed: named if the fixed point is never reached.
         self.last_changed: Node | None = None
+        mode = os.environ.get(WORKLIST_VARIABLE, "on")
+        if mode not in ("on", "off", "check"):
+            raise ValueError(f"{WORKLIST_VARIABLE}={mode!r}: expected on, off or check")
+        self.skipping = mode != "off"
+        self.checking = mode == "check"
+        self.skipped = 0
+        self.inferred = 0
 
     # -- set-up ---------------------------------------------------------------
 
@@ -47,7 +68,7 @@ class Propagator:
         g = self.graph
         for comp in list(g.computations):
             for node in reversed(g.post_order(comp)):
-                if node.computation != comp or node not in g.computations[comp]:
+                if node.computation != comp or not g.contains(node):
                     continue
                 if node.is_custom_call("Sharding"):
                     self._process_sharding_call(node)
@@ -161,7 +182,7 @@ class Propagator:
 
     def run_to_fix_point(self, aggressiveness: int) -> None:
         g, ctx = self.graph, self.ctx
-        ctx.aggressiveness = aggressiveness
+        ctx.aggressiveness = level = aggressiveness
         done_group: set[int] = set()
         done_fwd: set[int] = set()
         done_bwd: set[int] = set()
@@ -189,27 +210,64 @@ class Propagator:
             for h in changed:
                 clear_cache(h)
 
-        def phase(
-            nodes: Iterable[Node],
-            done: set[int],
-            infer: Callable[[Context, Node], bool],
-            refine: Callable[[Node], bool],
-        ) -> bool:
-            """One forward or backward sweep; frozen nodes only refine unspecified dims."""
+        def forward_phase(nodes: Iterable[Node]) -> bool:
+            """One forward sweep; frozen nodes only refine unspecified dims."""
             changed = False
             for node in nodes:
-                if id(node) in done:
+                if id(node) in done_fwd:
                     continue
                 if ctx.is_provided(node):
-                    if self._refinable(node) and refine(node):
+                    if self._refinable(node) and self.unspecified_from_operand(node):
                         after_change(node)
-                        done.add(id(node))
+                        done_fwd.add(id(node))
                         changed = True
                     continue
-                done.add(id(node))
-                if infer(ctx, node):
+                done_fwd.add(id(node))
+                if node.forward_current and not tested_between(node.forward_levels_read, node.forward_level, level):
+                    self.skipped += 1
+                    if not self.checking:
+                        continue
+                    self._check_no_op(node, infer_from_operands, "forward", level)
+                    continue
+                self.inferred += 1
+                node.forward_current = True
+                if self.infer(node, FORWARD):
+                    node.forward_current = False
                     after_change(node)
                     changed = True
+                else:
+                    node.forward_current = self.skipping and node.forward_current
+                node.forward_level, node.forward_levels_read = level, ctx.levels_read
+            return changed
+
+        def backward_phase(nodes: Iterable[Node]) -> bool:
+            """One backward sweep; frozen nodes only refine unspecified dims."""
+            changed = False
+            for node in nodes:
+                if id(node) in done_bwd:
+                    continue
+                if ctx.is_provided(node):
+                    if self._refinable(node) and self.unspecified_from_users(node):
+                        after_change(node)
+                        done_bwd.add(id(node))
+                        changed = True
+                    continue
+                done_bwd.add(id(node))
+                if node.backward_current and not tested_between(node.backward_levels_read, node.backward_level, level):
+                    self.skipped += 1
+                    if not self.checking:
+                        continue
+                    self._check_no_op(node, infer_from_users, "backward", level)
+                    continue
+                self.inferred += 1
+                node.backward_current = True
+                if self.infer(node, BACKWARD):
+                    node.backward_current = False
+                    after_change(node)
+                    changed = True
+                else:
+                    node.backward_current = self.skipping and node.backward_current
+                node.backward_level, node.backward_levels_read = level, ctx.levels_read
             return changed
 
         changed_last = True
@@ -228,8 +286,34 @@ class Propagator:
                     if self.infer_from_group(node, gid):
                         after_change(node)
                         changed_last = True
-                changed_last |= phase(order, done_fwd, infer_from_operands, self.unspecified_from_operand)
-                changed_last |= phase(reversed(order), done_bwd, infer_from_users, self.unspecified_from_users)
+                changed_last |= forward_phase(order)
+                changed_last |= backward_phase(reversed(order))
+
+    def infer(self, node: Node, direction: int) -> bool:
+        """One inference; leaves the aggressiveness thresholds it tested in `ctx.levels_read`."""
+        self.ctx.levels_read = 0
+        if direction == FORWARD:
+            return infer_from_operands(self.ctx, node)
+        return infer_from_users(self.ctx, node)
+
+    def _check_no_op(self, node: Node, infer: Callable[[Context, Node], bool], direction: str, level: int) -> None:
+        """A skipped inference, run anyway: it must change nothing (SPMD_PLANNER_WORKLIST=check)."""
+        before = (node.sharding, node.provenance)
+        if infer(self.ctx, node) or (node.sharding, node.provenance) != before:
+            raise AssertionError(
+                f"the worklist skipped the {direction} inference of {node.name} ({node.opcode}) at level "
+                f"{level}, but it changes {before[0]} to {node.sharding}"
+            )
+
+    def index_readers(self) -> None:
+        """Who reads whom: each node's sharding is read by the inferences listed here (see module doc)."""
+        for node in self.graph.nodes():
+            node.forward_reads = list(dict.fromkeys(forward_reads(node, self.ctx)))
+            node.backward_reads = list(dict.fromkeys(backward_reads(node, self.ctx)))
+            for read in node.forward_reads:
+                read.forward_readers.append(node)
+            for read in node.backward_reads:
+                read.backward_readers.append(node)
 
     def _no_fixed_point(self) -> PlanningError:
         node = self.last_changed
@@ -268,7 +352,7 @@ class Propagator:
         for user in node.users:
             if user.sharding is None or not user.sharding.is_tiled or node.sharding is None:
                 continue
-            s = sharding_from_user(self.ctx, node, user, self.ctx.aggressiveness)
+            s = sharding_from_user(self.ctx, node, user)
             if s is None or s.is_tile_maximal or s.is_tuple:
                 continue
             partial = algebra.partially_replicate_all_except(s, self.ctx.unspecified_dims[id(node)])
@@ -412,6 +496,8 @@ class Propagator:
         if root.opcode == "while" and not ctx.allow_output:
             self._copy_above_entry_root(root)
         self.freeze()
+        if self.skipping:
+            self.index_readers()
         for aggressiveness in range(4):
             self.run_to_fix_point(aggressiveness)
         if any(self.group_kind.values()):
@@ -442,6 +528,43 @@ class Propagator:
 
 
 _CSE_PREVENTION = "_sharding_propagation_cse_prevention"
+
+
+def tested_between(levels_read: int, since: int, level: int) -> bool:
+    """Did the inference test a threshold t with since < t <= level (where its answer flips)?"""
+    between = ((1 << (level + 1)) - 1) & ~((1 << (since + 1)) - 1)
+    return levels_read & between != 0
+
+
+def forward_reads(node: Node, ctx: Context) -> list[Node]:
+    """Every node whose sharding the forward inference of `node` may read.
+
+    Its operands; a called computation's parameter reads its caller's operands; a dot or
+    convolution looks ahead along its chain of single users for the sharding they want.
+    """
+    reads = [node, *node.operands]
+    caller = ctx.computation_map.get(node.computation)
+    if caller is not None and node.opcode == "parameter":
+        reads += [caller, *caller.operands]
+    if node.opcode in ("dot", "convolution"):
+        current = node
+        while len(current.users) == 1 and current.users[0] not in reads:
+            current = current.users[0]
+            reads.append(current)
+    return reads
+
+
+def backward_reads(node: Node, ctx: Context) -> list[Node]:
+    """Every node whose sharding the backward inference of `node` may read.
+
+    Its users, and the other operands of users whose rule reads them (READS_SIBLINGS).
+    """
+    reads = [node]
+    for user in node.users:
+        reads.append(user)
+        if user.opcode in READS_SIBLINGS:
+            reads += user.operands
+    return reads
 
 
 def _unspecified_dims(node: Node) -> tuple[int, ...] | None:

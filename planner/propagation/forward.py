@@ -286,7 +286,7 @@ def _parameter(ctx: Context, node: Node) -> bool:
 def _dot_like(ctx: Context, node: Node, dims: DotDims) -> bool:
     from planner.sharding.merge import improved_sharding
 
-    candidates: list[tuple[HloSharding, Node]] = []
+    candidates: list[tuple[HloSharding | None, Node]] = []
     for k, operand in enumerate(node.operands[:2]):
         if not _partitioned(operand):
             candidates.append((None, operand))  # type: ignore[arg-type]
@@ -294,13 +294,13 @@ def _dot_like(ctx: Context, node: Node, dims: DotDims) -> bool:
         s = _dot_output_from_operand(operand.sharding, k, dims)  # type: ignore[arg-type]
         improved = improved_sharding(s, node.sharding, node.dims, ctx.combine_partial, False) if s is not None else None
         candidates.append((improved, operand))  # type: ignore[arg-type]
-    present = [(s, o) for s, o in candidates if s is not None]
+    present: list[tuple[HloSharding, Node]] = [(s, o) for s, o in candidates if s is not None]
     if not present:
         return False
     if len(present) == 1:
         ctx.set(node, present[0][0], "dot from operand", (present[0][1],))
         return True
-    (s0, lhs), (s1, rhs) = candidates
+    (s0, lhs), (s1, rhs) = present
     order = [(s0, lhs), (s1, rhs)]
     decided = False
     lookahead = _lookahead_user_sharding(ctx, node)

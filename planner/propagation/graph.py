@@ -28,8 +28,18 @@ class Provenance:
 
 class Node:
     __slots__ = (
+        "backward_current",
+        "backward_level",
+        "backward_levels_read",
+        "backward_readers",
+        "backward_reads",
         "called",
         "computation",
+        "forward_current",
+        "forward_level",
+        "forward_levels_read",
+        "forward_readers",
+        "forward_reads",
         "inst",
         "name",
         "opcode",
@@ -54,6 +64,19 @@ class Node:
         self.called: tuple[str, ...] = inst.called_computations
         # Set when no rule models this op: the reason is reported, never guessed.
         self.unknown_reason: str | None = None
+        # The worklist's records (driver.py): who reads this node's sharding when inferring forward or
+        # backward, and whether this node's last inference each way is still current (it changed
+        # nothing, and nothing it reads has changed since), with the level it ran at and the levels it tested.
+        self.forward_reads: list[Node] = []
+        self.backward_reads: list[Node] = []
+        self.forward_readers: list[Node] = []
+        self.backward_readers: list[Node] = []
+        self.forward_current = False
+        self.backward_current = False
+        self.forward_level = 0
+        self.backward_level = 0
+        self.forward_levels_read = 0
+        self.backward_levels_read = 0
 
     def __repr__(self) -> str:
         return f"Node({self.computation}/{self.name} {self.opcode})"
@@ -102,9 +125,14 @@ class Graph:
             self.roots[comp.name] = nodes[comp.root_name]
         self._taken_names = names
         self._post_orders: dict[str, list[Node]] = {}
+        self._removed: set[Node] = set()  # held, so a removed node is never mistaken for a new one
 
     def structure_changed(self) -> None:
         self._post_orders.clear()
+
+    def contains(self, node: Node) -> bool:
+        """Still in the graph (not replaced by `replace_uses`)."""
+        return node not in self._removed
 
     def nodes(self) -> list[Node]:
         return [n for nodes in self.computations.values() for n in nodes]
@@ -165,6 +193,7 @@ class Graph:
             operand.users = [u for u in operand.users if u is not old]
         nodes = self.computations[old.computation]
         nodes.remove(old)
+        self._removed.add(old)
         self.structure_changed()
         if self.roots[old.computation] is old:
             self.roots[old.computation] = new
