@@ -27,7 +27,11 @@ def native_extensions() -> list:
         print("mypyc is not installed: the planner installs as pure Python", file=sys.stderr)
         return []
     native["write_stamp"](ROOT)
-    return mypycify(list(native["MODULES"]), opt_level="3", group_name="planner_native")
+    try:
+        return mypycify(list(native["MODULES"]), opt_level="3", group_name="planner_native")
+    except (Exception, SystemExit) as e:  # mypyc refuses code it cannot type: say so, install the source
+        print(f"the compiled core was not built ({e}): the planner runs as pure Python", file=sys.stderr)
+        return []
 
 
 class OptionalBuildExt(build_ext):

@@ -9,6 +9,8 @@ re-simulated) is compared whole.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,11 @@ def _decisions(result: PropagationResult) -> list[tuple[object, ...]]:
     return [(i.name, i.computation, i.sharding, i.provenance, i.unknown_reason) for i in result.instructions]
 
 
-def _propagated(monkeypatch: pytest.MonkeyPatch, mode: str, run: object) -> list[tuple[object, ...]]:
+def _propagated(
+    monkeypatch: pytest.MonkeyPatch, mode: str, run: Callable[[], PropagationResult]
+) -> list[tuple[object, ...]]:
     monkeypatch.setenv(WORKLIST_VARIABLE, mode)
-    return _decisions(run())  # type: ignore[operator]
+    return _decisions(run())
 
 
 @pytest.mark.parametrize("hlo", STEPS, ids=[p.name for p in STEPS])
@@ -56,10 +60,12 @@ def test_worklist_propagates_xla_test_cases_as_the_full_sweep(monkeypatch: pytes
     assert len(cases) >= 100
     for case in cases:
         module = parse_hlo(case["hlo"])
-        options = PropagationOptions(case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"]))
-        full = _propagated(monkeypatch, "off", lambda: propagate(module, options, inline=False))
-        checked = _propagated(monkeypatch, "check", lambda: propagate(module, options, inline=False))
-        assert checked == full, case["name"]
+        options = PropagationOptions(
+            case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"])
+        )
+        run = functools.partial(propagate, module, options, inline=False)
+        full = _propagated(monkeypatch, "off", run)
+        assert _propagated(monkeypatch, "check", run) == full, case["name"]
 
 
 @pytest.mark.parametrize("hlo", STEPS, ids=[p.name for p in STEPS])

@@ -15,8 +15,7 @@ from planner.hlo.ir import Computation, HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes, sharding_of
 from planner.memory.dot_partition import partition_dot
-from planner.propagation import PropagationResult
-from planner.propagation.dot_dims import dot_dims
+from planner.propagation import PropagationResult, dot_dims
 
 
 def issues_weight_gathers_first(module: HloModule) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.hlo.shapes import ArrayShape
-from planner.propagation.dot_dims import DotDims
+from planner.propagation import DotDims
 from planner.sharding.hlo_sharding import HloSharding
 
 Grouping = frozenset[frozenset[int]]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.loops import invariant_elements
-from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.ir import Computation, HloModule
+from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.memory.backends import Backend
 from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import (
@@ -23,12 +22,12 @@ from planner.memory.buffers import (
     Value,
     array_leaves,
     leaf_shardings,
-    materialises,
     per_device_bytes,
     sharding_of,
 )
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
+from planner.memory.values import ValueModel
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
@@ -56,235 +55,11 @@ class MemoryEstimate:
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[Value, Value] = {}
-
-    def find(self, v: Value) -> Value:
-        self.parent.setdefault(v, v)
-        root = v
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[v] != root:
-            self.parent[v], v = root, self.parent[v]
-        return root
-
-    def union(self, a: Value, b: Value) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[rb] = ra
-
-
-# id(shape) -> (shape, offsets): a loop's 100-element tuple is read by 100 get-tuple-elements.
-_OFFSETS: dict[int, tuple[Shape, list[int]]] = {}
-
-
-def _offsets(shape: Shape) -> list[int]:
-    """Leaf offset of each top-level tuple element, then the leaf count."""
-    cached = _OFFSETS.get(id(shape))
-    if cached is not None and cached[0] is shape:
-        return cached[1]
-    offsets = [0]
-    if isinstance(shape, TupleShape):
-        for e in shape.elements:
-            offsets.append(offsets[-1] + len(array_leaves(e)))
-    if len(_OFFSETS) > 65536:
-        _OFFSETS.clear()
-    _OFFSETS[id(shape)] = (shape, offsets)
-    return offsets
-
-
-class _Model:
-    def __init__(self, module: HloModule, result: PropagationResult) -> None:
-        self.module = module
-        self.result = result
-        self.uf = _UnionFind()
-        self.allocating: set[Value] = set()  # values that need memory of their own
-        self.size: dict[Value, int] = {}
-        self.info: dict[Value, tuple[ArrayShape, HloSharding | None]] = {}
-        self.loop_of: dict[Value, str] = {}
-        self.body_of: dict[str, Instruction] = {}  # body/cond computation -> While
-
-    def value(self, comp: str, name: str, leaf: int) -> Value:
-        return (comp, name, leaf)
-
-    def build(self) -> None:
-        for comp in self.module.computations:
-            for inst in comp.instructions:
-                if inst.opcode == "while":
-                    self.body_of[inst.attr("body").names[0]] = inst
-                    self.body_of[inst.attr("condition").names[0]] = inst
-        for name in self._walk_order():
-            comp = self.module.computation(name)
-            for inst in comp.instructions:
-                self._define(comp, inst)
-
-    def _walk_order(self) -> list[str]:
-        """Entry and every While body/condition reachable from it."""
-        order, stack = [], [self.module.entry_name]
-        while stack:
-            name = stack.pop()
-            if name in order:
-                continue
-            order.append(name)
-            for inst in self.module.computation(name).instructions:
-                if inst.opcode == "while":
-                    stack += [inst.attr("body").names[0], inst.attr("condition").names[0]]
-        return order
-
-    def _define(self, comp: Computation, inst: Instruction) -> None:
-        leaves = array_leaves(inst.shape)
-        shardings = leaf_shardings(inst.shape, sharding_of(self.result, inst.name))
-        for i, (leaf, s) in enumerate(zip(leaves, shardings)):
-            v = self.value(comp.name, inst.name, i)
-            self.uf.find(v)
-            self.size[v] = per_device_bytes(leaf, s)
-            self.info[v] = (leaf, s)
-        op = inst.opcode
-        operands = [comp[o] for o in inst.operands]
-        if op == "get-tuple-element":
-            base = _offsets(operands[0].shape)[inst.attr("index")]
-            for i in range(len(leaves)):
-                self._view(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
-        elif op == "opt-barrier":
-            # XLA's dataflow forwards the operand's buffers through the barrier, leaf by leaf.
-            for i in range(len(leaves)):
-                self._view(self.value(comp.name, operands[0].name, i), self.value(comp.name, inst.name, i))
-        elif op == "tuple":
-            k = 0
-            for operand in operands:
-                for j in range(len(array_leaves(operand.shape))):
-                    self._view(self.value(comp.name, operand.name, j), self.value(comp.name, inst.name, k))
-                    k += 1
-        elif op in ("bitcast", "reshape") and self.size[self.value(comp.name, inst.name, 0)] == self.size.get(
-            self.value(comp.name, operands[0].name, 0)
-        ):
-            self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
-        elif op == "parameter":
-            loop = self.body_of.get(comp.name)
-            if loop is None:
-                if comp.name == self.module.entry_name:
-                    for i in range(len(leaves)):
-                        self.allocating.add(self.value(comp.name, inst.name, i))
-                return
-            for i in range(len(leaves)):
-                self.uf.union(self.value(comp.name, inst.name, i), self._loop_value(loop, i))
-        elif op == "while":
-            self._define_while(comp, inst, operands[0])
-        elif (
-            op == "dynamic-update-slice"
-            and len(comp.users(operands[0].name)) == 1
-            and self.size.get(self.value(comp.name, operands[0].name, 0))
-            == self.size[self.value(comp.name, inst.name, 0)]
-        ):
-            # Updated in place: the operand dies here and has the same layout.
-            self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
-        elif materialises(comp, inst):
-            for i in range(len(leaves)):
-                self.allocating.add(self.value(comp.name, inst.name, i))
-
-    def _view(self, source: Value, view: Value) -> None:
-        """A view shares its source's buffer, unless the sharding changes: then it is a resharded copy."""
-        if self.size.get(source) == self.size[view]:
-            self.uf.union(source, view)
-        else:
-            self.allocating.add(view)
-
-    def _loop_value(self, loop: Instruction, leaf: int) -> Value:
-        home = self.module.home_of(loop.name)
-        return self.value(home, loop.name, leaf)
-
-    def _define_while(self, comp: Computation, inst: Instruction, init: Instruction) -> None:
-        body = self.module.computation(inst.attr("body").names[0])
-        cond = self.module.computation(inst.attr("condition").names[0])
-        root = body.root
-        dropped = _dead_pass_through(body, cond)
-        invariant = invariant_elements(body)
-        order = {x.name: k for k, x in enumerate(comp.instructions)}
-        taken: set[Value] = set()  # an init buffer feeds at most one carried element; XLA copies the rest
-        parameter_values = self._entry_parameter_values()  # carried elements are never parameters: fixed here
-        for i in range(len(array_leaves(inst.shape))):
-            carried = self.value(comp.name, inst.name, i)
-            init_value = self.value(comp.name, init.name, i)
-            if i in dropped:
-                # XLA's while-loop simplifier removes an element the body only passes
-                # along: the loop's result there is the init value itself.
-                self.uf.union(init_value, carried)
-                continue
-            self.allocating.add(carried)
-            self.loop_of[carried] = inst.name
-            self.uf.union(carried, self.value(body.name, root.name, i))
-            init_root = self.uf.find(init_value)
-            from_parameter = any(self.uf.find(v) == init_root for v in parameter_values)
-            read_later = False
-            if init.opcode == "tuple" and i < len(init.operands):
-                source = init.operands[i]
-                read_later = any(order[u] > order[inst.name] for u in comp.users(source))
-            # XLA copies an init element that is an entry parameter, is read after the
-            # loop, feeds another element too, or arrives in another layout.
-            same_layout = self.size.get(init_value) == self.size[carried]
-            # A read-only element needs no copy (XLA's copy insertion copies only the
-            # elements a body writes): the loop reads the init in place, an entry
-            # parameter (a stacked weight the body slices per layer) included.
-            if i in invariant and same_layout:
-                self.uf.union(init_value, carried)
-                continue
-            if not from_parameter and not read_later and same_layout and init_root not in taken:
-                taken.add(init_root)
-                self.uf.union(init_value, carried)
-
-    def _is_parameter(self, v: Value) -> bool:
-        return self.module.computation(v[0])[v[1]].opcode == "parameter"
-
-    def _entry_parameter_values(self) -> list[Value]:
-        """Entry parameter leaves that need memory: a few per module, so scanning them beats scanning a set."""
-        entry = self.module.entry
-        return [
-            v
-            for p in entry.parameters
-            for i in range(len(array_leaves(p.shape)))
-            if (v := (entry.name, p.name, i)) in self.allocating
-        ]
-
-
-def _dead_pass_through(body: Computation, cond: Computation) -> set[int]:
-    """Carried elements the body returns unchanged and nothing in the loop reads."""
-    root = body.root
-    if root.opcode != "tuple" or not body.parameters:
-        return set()
-    param = body.parameters[0].name
-    read: dict[int, int] = {}
-    for comp in (body, cond):
-        params = comp.parameters
-        if not params:
-            continue
-        for user in comp.users(params[0].name):
-            u = comp[user]
-            if u.opcode != "get-tuple-element":
-                return set()  # the whole tuple is read: keep everything
-            index = u.attr("index")
-            readers = comp.users(u.name)
-            passes_along = comp is body and readers == (root.name,) and root.operands.count(u.name) == 1
-            if not passes_along or root.operands.index(u.name) != index:
-                read[index] = read.get(index, 0) + 1
-    dropped = set()
-    for i, operand in enumerate(root.operands):
-        inst = body[operand]
-        if (
-            inst.opcode == "get-tuple-element"
-            and inst.operands[0] == param
-            and inst.attr("index") == i
-            and i not in read
-        ):
-            dropped.add(i)
-    return dropped
-
-
 def estimate_memory(
     module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
 ) -> MemoryEstimate:
     backend = backend_of(target)
-    model = _Model(module, result)
+    model = ValueModel(module, result)
     model.build()
     uf = model.uf
     groups: dict[Value, list[Value]] = {}
@@ -313,7 +88,7 @@ def estimate_memory(
         label = f"{carried[0][1]}[{carried[0][2]}]" if carried else first[1]
         shape, sharding = model.info[first]
         category = "temporary"
-        if any(v[0] == entry.name and model._is_parameter(v) for v in allocating):
+        if any(v[0] == entry.name and model.is_parameter(v) for v in allocating):
             category = "parameter"
         elif key in root_values:
             category = "output"
@@ -356,7 +131,7 @@ def estimate_memory(
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
-    communication = communication_buffers(module, result, model._walk_order())
+    communication = communication_buffers(module, result, model.walk_order())
     reduced = {(comp, span.dot) for comp, spans in communication.items() for span in spans
                if span.kind == "all-reduced result"}  # fmt: skip
     for dot, size, label, shape, sharding, at in accumulators:
@@ -369,7 +144,7 @@ def estimate_memory(
         buffers.append(Buffer(len(buffers), size, span.label, entry.name, span.shape, None, "temporary", None,
                               span.start, span.end))  # fmt: skip
     if backend.widens_half_floats:
-        for loop_inst, leaf, size, label in hoisted_conversions(module, result, model._walk_order()):
+        for loop_inst, leaf, size, label in hoisted_conversions(module, result, model.walk_order()):
             if loop_inst.name in positions:
                 at = positions[loop_inst.name]
                 buffers.append(Buffer(len(buffers), size, label, entry.name, leaf, None, "temporary", None, at, at))

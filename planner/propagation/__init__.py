@@ -9,6 +9,7 @@ from planner.gc_pause import collection_paused
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.shardy_import import to_gspmd
+from planner.propagation.dot_dims import DotDims, dot_dims
 from planner.propagation.driver import Propagator
 from planner.propagation.graph import Provenance
 from planner.propagation.options import PropagationOptions
@@ -135,4 +136,12 @@ def propagate(module: HloModule, options: PropagationOptions | None = None, inli
     return PropagationResult(instructions, renamed)
 
 
-__all__ = ["ExplainStep", "PropagatedInstruction", "PropagationOptions", "PropagationResult", "propagate"]
+__all__ = [
+    "DotDims",
+    "ExplainStep",
+    "PropagatedInstruction",
+    "PropagationOptions",
+    "PropagationResult",
+    "dot_dims",
+    "propagate",
+]

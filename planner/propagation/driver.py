@@ -11,16 +11,7 @@
 5. `shard_as` groups are forced to one common sharding, then one more pass.
 6. Outputs and parameters that may not change get their shardings back.
 
-The fixed point is a worklist over XLA's order. XLA visits every instruction
-not in its done-sets, in post order, and clears those sets at each level;
-most visits change nothing. Here a visit is skipped when it provably changes
-nothing: its last inference in that direction changed nothing, no node that
-inference reads (`forward_reads` / `backward_reads`) has changed since, and
-no aggressiveness threshold it tested lies between the level it ran at and
-this one. A skipped visit leaves the node done, as XLA's no-op visit would,
-so the order of the visits that do change something is XLA's, unchanged.
-`SPMD_PLANNER_WORKLIST=check` runs every skipped inference anyway and fails
-if one would have changed anything; `=off` visits everything.
+The fixed point is a worklist over XLA's order: see `worklist.py`.
 """
 
 from __future__ import annotations
@@ -31,10 +22,12 @@ from collections.abc import Callable, Iterable
 from planner.errors import PlanningError
 from planner.hlo.ir import Attribute, HloModule
 from planner.propagation.backward import infer_from_users
-from planner.propagation.context import READS_SIBLINGS, Context
+from planner.propagation.context import Context
 from planner.propagation.forward import infer_from_operands
 from planner.propagation.graph import Graph, Node, Provenance
 from planner.propagation.options import PropagationOptions
+from planner.propagation.outputs import restore_fixed_outputs
+from planner.propagation.worklist import index_readers, tested_between
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding
 
@@ -305,16 +298,6 @@ class Propagator:
                 f"{level}, but it changes {before[0]} to {node.sharding}"
             )
 
-    def index_readers(self) -> None:
-        """Who reads whom: each node's sharding is read by the inferences listed here (see module doc)."""
-        for node in self.graph.nodes():
-            node.forward_reads = list(dict.fromkeys(forward_reads(node, self.ctx)))
-            node.backward_reads = list(dict.fromkeys(backward_reads(node, self.ctx)))
-            for read in node.forward_reads:
-                read.forward_readers.append(node)
-            for read in node.backward_reads:
-                read.backward_readers.append(node)
-
     def _no_fixed_point(self) -> PlanningError:
         node = self.last_changed
         what = (
@@ -424,55 +407,6 @@ class Propagator:
                 sources = (origin,) if origin is not None and origin is not m else ()
                 self.ctx.set(m, common, f"shard_as group {gid} aligned", sources)
 
-    def restore_fixed_outputs(self, saved_root: HloSharding | None, saved_params: dict[int, HloSharding]) -> None:
-        g, ctx = self.graph, self.ctx
-        root = g.root(g.entry)
-        flags = ctx.options.allow_to_output
-        restorable = saved_root is not None and saved_root.is_tuple and len(flags) == len(saved_root.elements)
-        if restorable and root.sharding is not None and root.sharding.is_tuple:
-            assert saved_root is not None
-            leaves = list(root.sharding.elements)
-            for i, allowed in enumerate(flags):
-                if not allowed and not saved_root.elements[i].is_unknown:
-                    leaves[i] = saved_root.elements[i]
-            root.sharding = HloSharding.tuple_of(tuple(leaves))
-        params = g.parameters(g.entry)
-        pflags = ctx.options.allow_to_parameters
-        if ctx.allow_parameters and len(pflags) == len(params) and len(pflags) > 1:
-            for i, p in enumerate(params):
-                if not pflags[i]:
-                    saved = saved_params.get(i)
-                    p.sharding = saved if saved is not None and not saved.is_unknown else None
-        elif ctx.allow_parameters and len(params) == 1 and len(pflags) > 1 and params[0].sharding is not None:
-            # One tuple parameter: the flags are per tuple element.
-            param = params[0]
-            saved = saved_params.get(0)
-            current = param.sharding
-            assert current is not None
-            if current.is_tuple and len(current.elements) == len(pflags):
-                leaves = list(current.elements)
-                for i, allowed in enumerate(pflags):
-                    if allowed:
-                        continue
-                    kept = saved.elements[i] if saved is not None and saved.is_tuple else None
-                    leaves[i] = kept if kept is not None and not kept.is_unknown else HloSharding.replicate()
-                param.sharding = HloSharding.tuple_of(tuple(leaves))
-        # Allowed outputs and parameters must split evenly, else they stay replicated.
-        if ctx.allow_output and root.sharding is not None and (not root.sharding.is_tuple or len(flags) > 1):
-            _replicate_if_uneven(root, flags)
-        if ctx.allow_parameters:
-            for i, p in enumerate(params):
-                if p.sharding is None:
-                    continue
-                if len(params) == 1 and len(pflags) > 1 and p.sharding.is_tuple:
-                    leaves = [
-                        HloSharding.replicate() if pflags[k] and not _evenly(leaf, e) else e
-                        for k, (leaf, e) in enumerate(zip(p.shape.leaves(), p.sharding.elements))
-                    ]
-                    p.sharding = HloSharding.tuple_of(tuple(leaves))
-                elif (len(pflags) == 1 or (i < len(pflags) and pflags[i])) and not _evenly(p.shape, p.sharding):
-                    p.sharding = HloSharding.replicate()
-
     def run(self) -> None:
         g, ctx = self.graph, self.ctx
         for node in g.nodes():
@@ -497,13 +431,13 @@ class Propagator:
             self._copy_above_entry_root(root)
         self.freeze()
         if self.skipping:
-            self.index_readers()
+            index_readers(self.graph, self.ctx)
         for aggressiveness in range(4):
             self.run_to_fix_point(aggressiveness)
         if any(self.group_kind.values()):
             self.align_shard_as_groups()
             self.run_to_fix_point(3)
-        self.restore_fixed_outputs(saved_root, saved_params)
+        restore_fixed_outputs(g, ctx, saved_root, saved_params)
         self._remove_shard_barriers()
 
     def _remove_shard_barriers(self) -> None:
@@ -530,43 +464,6 @@ class Propagator:
 _CSE_PREVENTION = "_sharding_propagation_cse_prevention"
 
 
-def tested_between(levels_read: int, since: int, level: int) -> bool:
-    """Did the inference test a threshold t with since < t <= level (where its answer flips)?"""
-    between = ((1 << (level + 1)) - 1) & ~((1 << (since + 1)) - 1)
-    return levels_read & between != 0
-
-
-def forward_reads(node: Node, ctx: Context) -> list[Node]:
-    """Every node whose sharding the forward inference of `node` may read.
-
-    Its operands; a called computation's parameter reads its caller's operands; a dot or
-    convolution looks ahead along its chain of single users for the sharding they want.
-    """
-    reads = [node, *node.operands]
-    caller = ctx.computation_map.get(node.computation)
-    if caller is not None and node.opcode == "parameter":
-        reads += [caller, *caller.operands]
-    if node.opcode in ("dot", "convolution"):
-        current = node
-        while len(current.users) == 1 and current.users[0] not in reads:
-            current = current.users[0]
-            reads.append(current)
-    return reads
-
-
-def backward_reads(node: Node, ctx: Context) -> list[Node]:
-    """Every node whose sharding the backward inference of `node` may read.
-
-    Its users, and the other operands of users whose rule reads them (READS_SIBLINGS).
-    """
-    reads = [node]
-    for user in node.users:
-        reads.append(user)
-        if user.opcode in READS_SIBLINGS:
-            reads += user.operands
-    return reads
-
-
 def _unspecified_dims(node: Node) -> tuple[int, ...] | None:
     """`backend_config="unspecified_dims=[0,2]"` on a Sharding custom-call."""
     import re
@@ -588,28 +485,3 @@ def _unknown_to_replicated(s: HloSharding) -> HloSharding:
     if s.is_tuple:
         return HloSharding.tuple_of(tuple(HloSharding.replicate() if e.is_unknown else e for e in s.elements))
     return HloSharding.replicate() if s.is_unknown else s
-
-
-def _evenly(shape: object, s: HloSharding) -> bool:
-    from planner.hlo.shapes import ArrayShape, TupleShape
-
-    if s.is_tuple and isinstance(shape, TupleShape):
-        return all(_evenly(leaf, e) for leaf, e in zip(shape.leaves(), s.elements))
-    if not s.is_tiled:
-        return True
-    assert isinstance(shape, ArrayShape)
-    return all(d % t == 0 for d, t in zip(shape.dims, s.data_tile_dims))
-
-
-def _replicate_if_uneven(root: Node, flags: tuple[bool, ...]) -> None:
-    s = root.sharding
-    assert s is not None
-    if not s.is_tuple:
-        if not _evenly(root.shape, s):
-            root.sharding = HloSharding.replicate()
-        return
-    leaves = list(s.elements)
-    for i, (leaf_shape, leaf) in enumerate(zip(root.shape.leaves(), leaves)):
-        if (len(flags) == 1 or flags[i]) and not _evenly(leaf_shape, leaf):
-            leaves[i] = HloSharding.replicate()
-    root.sharding = HloSharding.tuple_of(tuple(leaves))
