@@ -55,6 +55,17 @@ class MemoryEstimate:
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
 
+@dataclass(frozen=True)
+class MemoryEstimation:
+    """The memory pass as a value (see `planner.passes`): per-device bytes of a propagated, inlined module."""
+
+    mesh: Mesh | None = None
+    target: str = "cpu"  # XLA:CPU, or a chip preset for that chip's XLA:TPU
+
+    def apply(self, module: HloModule, result: PropagationResult) -> MemoryEstimate:
+        return estimate_memory(module, result, self.mesh, self.target)
+
+
 def estimate_memory(
     module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
 ) -> MemoryEstimate:

@@ -25,7 +25,7 @@ from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_gspmd
-from planner.memory import MemoryEstimate, MemoryReport, estimate_memory, memory_report
+from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report
 from planner.memory.backends import tpu_topology
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine, report_from_estimate
@@ -58,7 +58,7 @@ from planner.plan.scan_pairs import stacked_gradients
 from planner.plan.verdict import verdict
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
-from planner.propagation import PropagationOptions, PropagationResult, propagate
+from planner.propagation import PropagationOptions, PropagationResult, ShardingPropagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding
 from planner.units import format_bytes
@@ -88,10 +88,28 @@ def simulate(
     backend: str = "cpu",
 ) -> Simulation:
     """`module` already inlined and read as GSPMD (make_plan's), `mesh` resolved and checked against it."""
-    result = propagate(module, options, inline=False)
-    estimate = estimate_memory(module, result, mesh, backend)
+    result = ShardingPropagation(options, inline=False).apply(module)
+    estimate = MemoryEstimation(mesh, backend).apply(module, result)
     memory = report_from_estimate(module, result, estimate, mesh, capacity_bytes, backend=backend)
     return Simulation(module, result, memory, estimate)
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The planning pass as a value (see `planner.passes`): `make_plan`'s options are its fields."""
+
+    mesh: Mesh | None = None
+    capacity_bytes: int | None = None
+    options: PropagationOptions | None = None
+    threshold: float = 1.5
+    min_bytes: int = 1 << 20
+    manifest: Manifest | None = None
+    verify: bool = False
+    chip_name: str | None = None
+
+    def apply(self, module: HloModule) -> tuple[Plan, HloModule]:
+        return make_plan(module, self.mesh, self.capacity_bytes, self.options, self.threshold, self.min_bytes,
+                         self.manifest, self.verify, self.chip_name)  # fmt: skip
 
 
 def make_plan(

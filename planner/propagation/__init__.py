@@ -107,6 +107,17 @@ class PropagationResult:
         return {i.name: i.unknown_reason for i in self.instructions if i.unknown_reason}
 
 
+@dataclass(frozen=True)
+class ShardingPropagation:
+    """The propagation pass as a value (see `planner.passes`): its options are its fields."""
+
+    options: PropagationOptions | None = None  # None: the module header's, as XLA's compile takes them
+    inline: bool = True  # calls inlined first, as XLA sees them
+
+    def apply(self, module: HloModule) -> PropagationResult:
+        return propagate(module, self.options, self.inline)
+
+
 def propagate(module: HloModule, options: PropagationOptions | None = None, inline: bool = True) -> PropagationResult:
     """Runs propagation on `module` as XLA would see it (calls inlined first, unless `inline=False`)."""
     options = options if options is not None else PropagationOptions.from_module(module)
@@ -142,6 +153,7 @@ __all__ = [
     "PropagatedInstruction",
     "PropagationOptions",
     "PropagationResult",
+    "ShardingPropagation",
     "dot_dims",
     "propagate",
 ]
