@@ -165,7 +165,7 @@ def _mark_tuple_readers(node: Node, old: HloSharding, new: HloSharding) -> None:
     the element(s) at its positions; a 118-element loop state changing one leaf re-queues one reader,
     not 118.
     """
-    changed = [a != b for a, b in zip(old.elements, new.elements)]
+    changed = [a is not b and a != b for a, b in zip(old.elements, new.elements)]
     offsets = leaf_offsets(node.shape) if isinstance(node.shape, TupleShape) else None
 
     def touches(positions: list[int]) -> bool:
