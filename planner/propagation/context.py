@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from planner.hlo.shapes import ArrayShape, TupleShape
-from planner.propagation.graph import Graph, Node, Provenance, leaf_offsets
+from planner.propagation.graph import BACKWARD, FORWARD, Graph, Node, Provenance, leaf_offsets
 from planner.propagation.options import PropagationOptions
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.merge import improved_sharding
@@ -105,10 +105,10 @@ class Context:
         if old is not None and old.is_tuple and sharding.is_tuple and len(old.elements) == len(sharding.elements):
             _mark_tuple_readers(node, old, sharding)
             return
-        for reader in node.forward_readers:
-            reader.forward_current = False
-        for reader in node.backward_readers:
-            reader.backward_current = False
+        for reader in node.visits[FORWARD].readers:
+            reader.visits[FORWARD].current = False
+        for reader in node.visits[BACKWARD].readers:
+            reader.visits[BACKWARD].current = False
 
     def improve(
         self, node: Node, candidate: HloSharding, rule: str, sources: tuple[Node, ...] = (), aggressive: bool = False
@@ -172,12 +172,12 @@ def _mark_tuple_readers(node: Node, old: HloSharding, new: HloSharding) -> None:
         assert offsets is not None
         return any(any(changed[offsets[k] : offsets[k + 1]]) for k in positions)
 
-    for reader in node.forward_readers:
+    for reader in node.visits[FORWARD].readers:
         reads_one_element = reader is not node and reader.opcode == "get-tuple-element" and reader.operands[0] is node
         if offsets is not None and reads_one_element and not touches([reader.inst.attr("index")]):
             continue
-        reader.forward_current = False
-    for reader in node.backward_readers:
+        reader.visits[FORWARD].current = False
+    for reader in node.visits[BACKWARD].readers:
         if offsets is not None and reader is not node and node.opcode == "tuple":
             positions = [k for k, o in enumerate(node.operands) if o is reader]
             through_siblings = any(
@@ -185,4 +185,4 @@ def _mark_tuple_readers(node: Node, old: HloSharding, new: HloSharding) -> None:
             )
             if positions and not through_siblings and not touches(positions):
                 continue
-        reader.backward_current = False
+        reader.visits[BACKWARD].current = False

@@ -24,7 +24,7 @@ from planner.hlo.ir import Attribute, HloModule
 from planner.propagation.backward import infer_from_users
 from planner.propagation.context import Context
 from planner.propagation.forward import infer_from_operands
-from planner.propagation.graph import Graph, Node, Provenance
+from planner.propagation.graph import BACKWARD, FORWARD, Graph, Node, Provenance
 from planner.propagation.options import PropagationOptions
 from planner.propagation.outputs import restore_fixed_outputs
 from planner.propagation.worklist import index_readers, tested_between
@@ -34,7 +34,8 @@ from planner.sharding.hlo_sharding import HloSharding
 # A guard: XLA's fixed point always terminates; a bug here must not hang.
 _MAX_ITERATIONS = 10_000
 WORKLIST_VARIABLE = "SPMD_PLANNER_WORKLIST"
-FORWARD, BACKWARD = 0, 1
+# The inference of each direction (graph.FORWARD, graph.BACKWARD).
+_RULES: tuple[Callable[[Context, Node], bool], ...] = (infer_from_operands, infer_from_users)
 
 
 class Propagator:
@@ -203,64 +204,39 @@ class Propagator:
             for h in changed:
                 clear_cache(h)
 
-        def forward_phase(nodes: Iterable[Node]) -> bool:
-            """One forward sweep; frozen nodes only refine unspecified dims."""
-            changed = False
-            for node in nodes:
-                if id(node) in done_fwd:
-                    continue
-                if ctx.is_provided(node):
-                    if self._refinable(node) and self.unspecified_from_operand(node):
-                        after_change(node)
-                        done_fwd.add(id(node))
-                        changed = True
-                    continue
-                done_fwd.add(id(node))
-                if node.forward_current and not tested_between(node.forward_levels_read, node.forward_level, level):
-                    self.skipped += 1
-                    if not self.checking:
-                        continue
-                    self._check_no_op(node, infer_from_operands, "forward", level)
-                    continue
-                self.inferred += 1
-                node.forward_current = True
-                if self.infer(node, FORWARD):
-                    node.forward_current = False
-                    after_change(node)
-                    changed = True
-                else:
-                    node.forward_current = self.skipping and node.forward_current
-                node.forward_level, node.forward_levels_read = level, ctx.levels_read
-            return changed
+        dones = (done_fwd, done_bwd)
+        refines = (self.unspecified_from_operand, self.unspecified_from_users)
 
-        def backward_phase(nodes: Iterable[Node]) -> bool:
-            """One backward sweep; frozen nodes only refine unspecified dims."""
+        def phase(nodes: Iterable[Node], direction: int) -> bool:
+            """One forward or backward sweep; frozen nodes only refine unspecified dims."""
+            done, rule, refine = dones[direction], _RULES[direction], refines[direction]
             changed = False
             for node in nodes:
-                if id(node) in done_bwd:
+                if id(node) in done:
                     continue
                 if ctx.is_provided(node):
-                    if self._refinable(node) and self.unspecified_from_users(node):
+                    if self._refinable(node) and refine(node):
                         after_change(node)
-                        done_bwd.add(id(node))
+                        done.add(id(node))
                         changed = True
                     continue
-                done_bwd.add(id(node))
-                if node.backward_current and not tested_between(node.backward_levels_read, node.backward_level, level):
+                done.add(id(node))
+                visit = node.visits[direction]
+                if visit.current and not tested_between(visit.levels_read, visit.level, level):
                     self.skipped += 1
-                    if not self.checking:
-                        continue
-                    self._check_no_op(node, infer_from_users, "backward", level)
+                    if self.checking:
+                        self._check_no_op(node, rule, direction, level)
                     continue
                 self.inferred += 1
-                node.backward_current = True
-                if self.infer(node, BACKWARD):
-                    node.backward_current = False
+                visit.current = True
+                ctx.levels_read = 0
+                if rule(ctx, node):
+                    visit.current = False
                     after_change(node)
                     changed = True
                 else:
-                    node.backward_current = self.skipping and node.backward_current
-                node.backward_level, node.backward_levels_read = level, ctx.levels_read
+                    visit.current = self.skipping and visit.current
+                visit.level, visit.levels_read = level, ctx.levels_read
             return changed
 
         changed_last = True
@@ -279,23 +255,16 @@ class Propagator:
                     if self.infer_from_group(node, gid):
                         after_change(node)
                         changed_last = True
-                changed_last |= forward_phase(order)
-                changed_last |= backward_phase(reversed(order))
+                changed_last |= phase(order, FORWARD)
+                changed_last |= phase(reversed(order), BACKWARD)
 
-    def infer(self, node: Node, direction: int) -> bool:
-        """One inference; leaves the aggressiveness thresholds it tested in `ctx.levels_read`."""
-        self.ctx.levels_read = 0
-        if direction == FORWARD:
-            return infer_from_operands(self.ctx, node)
-        return infer_from_users(self.ctx, node)
-
-    def _check_no_op(self, node: Node, infer: Callable[[Context, Node], bool], direction: str, level: int) -> None:
+    def _check_no_op(self, node: Node, infer: Callable[[Context, Node], bool], direction: int, level: int) -> None:
         """A skipped inference, run anyway: it must change nothing (SPMD_PLANNER_WORKLIST=check)."""
         before = (node.sharding, node.provenance)
         if infer(self.ctx, node) or (node.sharding, node.provenance) != before:
             raise AssertionError(
-                f"the worklist skipped the {direction} inference of {node.name} ({node.opcode}) at level "
-                f"{level}, but it changes {before[0]} to {node.sharding}"
+                f"the worklist skipped the {('forward', 'backward')[direction]} inference of {node.name} "
+                f"({node.opcode}) at level {level}, but it changes {before[0]} to {node.sharding}"
             )
 
     def _no_fixed_point(self) -> PlanningError:

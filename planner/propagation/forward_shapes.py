@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from planner.propagation.context import Context
 from planner.propagation.forward_common import (
     Rule,
@@ -11,6 +13,7 @@ from planner.propagation.forward_common import (
 )
 from planner.propagation.graph import Node
 from planner.sharding import algebra
+from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.merge import is_spatially_partitioned
 from planner.sharding.reshape import propagate_through_reshape
 
@@ -50,31 +53,27 @@ def _concatenate(ctx: Context, node: Node) -> bool:
     return ctx.improve(node, operand.sharding, "concatenate", (operand,), may_reshard(ctx, node))
 
 
-def _transpose(ctx: Context, node: Node) -> bool:
+def _from_operand(ctx: Context, node: Node, rule: str, through: Callable[[HloSharding], HloSharding]) -> bool:
+    """Operand 0's sharding carried through the op (`through`), offered to the node."""
     operand = node.operands[0]
     if not partitioned(operand):
         return False
     assert operand.sharding is not None
-    out = algebra.transpose_sharding(operand.sharding, node.inst.attr("dimensions", ()))
-    return ctx.improve(node, out, "transpose", (operand,), may_reshard(ctx, node))
+    return ctx.improve(node, through(operand.sharding), rule, (operand,), may_reshard(ctx, node))
+
+
+def _transpose(ctx: Context, node: Node) -> bool:
+    dims = node.inst.attr("dimensions", ())
+    return _from_operand(ctx, node, "transpose", lambda s: algebra.transpose_sharding(s, dims))
 
 
 def _reshape(ctx: Context, node: Node) -> bool:
-    operand = node.operands[0]
-    if not partitioned(operand):
-        return False
-    assert operand.sharding is not None
-    out = propagate_through_reshape(operand.dims, node.dims, operand.sharding)
-    return ctx.improve(node, out, "reshape", (operand,), may_reshard(ctx, node))
+    return _from_operand(ctx, node, "reshape", lambda s: propagate_through_reshape(node.operands[0].dims, node.dims, s))
 
 
 def _reverse(ctx: Context, node: Node) -> bool:
-    operand = node.operands[0]
-    if not partitioned(operand):
-        return False
-    assert operand.sharding is not None
-    out = algebra.reverse_sharding(operand.sharding, node.inst.attr("dimensions", ()))
-    return ctx.improve(node, out, "reverse", (operand,), may_reshard(ctx, node))
+    dims = node.inst.attr("dimensions", ())
+    return _from_operand(ctx, node, "reverse", lambda s: algebra.reverse_sharding(s, dims))
 
 
 def _sliced_dims(node: Node, operand: Node) -> list[int]:
@@ -82,12 +81,12 @@ def _sliced_dims(node: Node, operand: Node) -> list[int]:
 
 
 def _dynamic_slice(ctx: Context, node: Node) -> bool:
-    operand = node.operands[0]
-    if not partitioned(operand):
-        return False
-    assert operand.sharding is not None
-    out = algebra.partially_replicate_on_dims(operand.sharding, _sliced_dims(node, operand))
-    return ctx.improve(node, out, "dynamic-slice", (operand,), may_reshard(ctx, node))
+    return _from_operand(
+        ctx,
+        node,
+        "dynamic-slice",
+        lambda s: algebra.partially_replicate_on_dims(s, _sliced_dims(node, node.operands[0])),
+    )
 
 
 def _dynamic_update_slice(ctx: Context, node: Node) -> bool:

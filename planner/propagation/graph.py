@@ -26,20 +26,32 @@ class Provenance:
     iteration: int = -1
 
 
+# Directions of inference, indexing `Node.visits`.
+FORWARD, BACKWARD = 0, 1
+
+
+class Visit:
+    """The worklist's record of a node's inferences in one direction (worklist.py).
+
+    `reads`: the nodes whose shardings the inference may read; `readers`: the nodes whose inference
+    reads this one's. `current`: the last inference changed nothing and nothing it reads has changed
+    since; it ran at aggressiveness `level` and tested the thresholds in `levels_read`.
+    """
+
+    __slots__ = ("current", "level", "levels_read", "readers", "reads")
+
+    def __init__(self) -> None:
+        self.reads: list[Node] = []
+        self.readers: list[Node] = []
+        self.current = False
+        self.level = 0
+        self.levels_read = 0
+
+
 class Node:
     __slots__ = (
-        "backward_current",
-        "backward_level",
-        "backward_levels_read",
-        "backward_readers",
-        "backward_reads",
         "called",
         "computation",
-        "forward_current",
-        "forward_level",
-        "forward_levels_read",
-        "forward_readers",
-        "forward_reads",
         "inst",
         "name",
         "opcode",
@@ -49,6 +61,7 @@ class Node:
         "sharding",
         "unknown_reason",
         "users",
+        "visits",
     )
 
     def __init__(self, inst: Instruction, computation: str) -> None:
@@ -64,19 +77,8 @@ class Node:
         self.called: tuple[str, ...] = inst.called_computations
         # Set when no rule models this op: the reason is reported, never guessed.
         self.unknown_reason: str | None = None
-        # The worklist's records (driver.py): who reads this node's sharding when inferring forward or
-        # backward, and whether this node's last inference each way is still current (it changed
-        # nothing, and nothing it reads has changed since), with the level it ran at and the levels it tested.
-        self.forward_reads: list[Node] = []
-        self.backward_reads: list[Node] = []
-        self.forward_readers: list[Node] = []
-        self.backward_readers: list[Node] = []
-        self.forward_current = False
-        self.backward_current = False
-        self.forward_level = 0
-        self.backward_level = 0
-        self.forward_levels_read = 0
-        self.backward_levels_read = 0
+        # The worklist's records of this node's inferences, forward and backward (worklist.py).
+        self.visits = (Visit(), Visit())
 
     def __repr__(self) -> str:
         return f"Node({self.computation}/{self.name} {self.opcode})"

@@ -19,7 +19,7 @@ graph's structure is final.
 from __future__ import annotations
 
 from planner.propagation.context import READS_SIBLINGS, Context
-from planner.propagation.graph import Graph, Node
+from planner.propagation.graph import BACKWARD, FORWARD, Graph, Node
 
 
 def tested_between(levels_read: int, since: int, level: int) -> bool:
@@ -62,9 +62,8 @@ def backward_reads(node: Node, ctx: Context) -> list[Node]:
 def index_readers(graph: Graph, ctx: Context) -> None:
     """Who reads whom: each node's sharding is read by the inferences listed in its reader lists."""
     for node in graph.nodes():
-        node.forward_reads = list(dict.fromkeys(forward_reads(node, ctx)))
-        node.backward_reads = list(dict.fromkeys(backward_reads(node, ctx)))
-        for read in node.forward_reads:
-            read.forward_readers.append(node)
-        for read in node.backward_reads:
-            read.backward_readers.append(node)
+        node.visits[FORWARD].reads = list(dict.fromkeys(forward_reads(node, ctx)))
+        node.visits[BACKWARD].reads = list(dict.fromkeys(backward_reads(node, ctx)))
+        for direction in (FORWARD, BACKWARD):
+            for read in node.visits[direction].reads:
+                read.visits[direction].readers.append(node)
