@@ -6,6 +6,7 @@ and column and status 422. Only a real crash leaves a non-zero exit code.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from typing import Any
@@ -41,6 +42,9 @@ def plan_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    # One job, then this process exits: collecting the plan's garbage (about 8% of a plan) would only
+    # free memory the exit frees anyway.
+    gc.disable()
     job = json.load(sys.stdin)
     json.dump(plan_job(job), sys.stdout)
     return 0
