@@ -29,6 +29,7 @@ from types import ModuleType
 
 # Module paths relative to the repository root, compiled together.
 MODULES: tuple[str, ...] = (
+    "planner/hlo/tuple_leaves.py",
     "planner/sharding/tile_assignment.py",
     "planner/sharding/hlo_sharding.py",
     "planner/sharding/algebra.py",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
-from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.hlo.tuple_leaves import leaf_offsets
 from planner.memory.buffers import (
     Value,
     array_leaves,
@@ -41,25 +42,6 @@ class UnionFind:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[rb] = ra
-
-
-# id(shape) -> (shape, offsets): a loop's 100-element tuple is read by 100 get-tuple-elements.
-_OFFSETS: dict[int, tuple[Shape, list[int]]] = {}
-
-
-def _offsets(shape: Shape) -> list[int]:
-    """Leaf offset of each top-level tuple element, then the leaf count."""
-    cached = _OFFSETS.get(id(shape))
-    if cached is not None and cached[0] is shape:
-        return cached[1]
-    offsets = [0]
-    if isinstance(shape, TupleShape):
-        for e in shape.elements:
-            offsets.append(offsets[-1] + len(array_leaves(e)))
-    if len(_OFFSETS) > 65536:
-        _OFFSETS.clear()
-    _OFFSETS[id(shape)] = (shape, offsets)
-    return offsets
 
 
 class ValueModel:
@@ -111,7 +93,9 @@ class ValueModel:
         op = inst.opcode
         operands = [comp[o] for o in inst.operands]
         if op == "get-tuple-element":
-            base = _offsets(operands[0].shape)[inst.attr("index")]
+            source = operands[0].shape
+            assert isinstance(source, TupleShape)
+            base = leaf_offsets(source)[inst.attr("index")]
             for i in range(len(leaves)):
                 self._view(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
         elif op == "opt-barrier":

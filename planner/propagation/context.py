@@ -4,7 +4,7 @@
 change of a node's sharding records the rule and the neighbours it came from.
 
 The context also records what an inference depended on, so the driver can
-skip inferences that cannot change anything (see `driver.py`): which
+skip inferences that cannot change anything (see `worklist.py`): which
 aggressiveness thresholds a rule tested (`levels_read`), and, through `set`,
 which nodes changed (every reader of a changed node is marked stale).
 """

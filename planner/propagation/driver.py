@@ -53,8 +53,6 @@ class Propagator:
             raise ValueError(f"{WORKLIST_VARIABLE}={mode!r}: expected on, off or check")
         self.skipping = mode != "off"
         self.checking = mode == "check"
-        self.skipped = 0
-        self.inferred = 0
 
     # -- set-up ---------------------------------------------------------------
 
@@ -223,11 +221,9 @@ class Propagator:
                 done.add(id(node))
                 visit = node.visits[direction]
                 if visit.current and not tested_between(visit.levels_read, visit.level, level):
-                    self.skipped += 1
                     if self.checking:
                         self._check_no_op(node, rule, direction, level)
                     continue
-                self.inferred += 1
                 visit.current = True
                 ctx.levels_read = 0
                 if rule(ctx, node):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from planner.hlo.ir import HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.tuple_leaves import leaf_count, leaf_offsets
 from planner.sharding.hlo_sharding import HloSharding
 
 
@@ -33,15 +34,14 @@ FORWARD, BACKWARD = 0, 1
 class Visit:
     """The worklist's record of a node's inferences in one direction (worklist.py).
 
-    `reads`: the nodes whose shardings the inference may read; `readers`: the nodes whose inference
-    reads this one's. `current`: the last inference changed nothing and nothing it reads has changed
-    since; it ran at aggressiveness `level` and tested the thresholds in `levels_read`.
+    `readers`: the nodes whose inference reads this one's sharding. `current`: the last inference
+    changed nothing and nothing it reads has changed since; it ran at aggressiveness `level` and
+    tested the thresholds in `levels_read`.
     """
 
-    __slots__ = ("current", "level", "levels_read", "readers", "reads")
+    __slots__ = ("current", "level", "levels_read", "readers")
 
     def __init__(self) -> None:
-        self.reads: list[Node] = []
         self.readers: list[Node] = []
         self.current = False
         self.level = 0
@@ -199,29 +199,6 @@ class Graph:
         self.structure_changed()
         if self.roots[old.computation] is old:
             self.roots[old.computation] = new
-
-
-def leaf_count(shape: Shape) -> int:
-    return leaf_offsets(shape)[-1] if isinstance(shape, TupleShape) else 1
-
-
-# id(shape) -> (shape, offsets). Keyed by identity: hashing a 100-element tuple
-# shape structurally on every lookup costs more than the lookup saves.
-_OFFSETS: dict[int, tuple[TupleShape, tuple[int, ...]]] = {}
-
-
-def leaf_offsets(shape: TupleShape) -> tuple[int, ...]:
-    """Leaf offset of each top-level element, then the total leaf count."""
-    cached = _OFFSETS.get(id(shape))
-    if cached is not None and cached[0] is shape:
-        return cached[1]
-    offsets = [0]
-    for element in shape.elements:
-        offsets.append(offsets[-1] + leaf_count(element))
-    if len(_OFFSETS) > 65536:
-        _OFFSETS.clear()
-    _OFFSETS[id(shape)] = (shape, tuple(offsets))
-    return tuple(offsets)
 
 
 def sub_sharding(sharding: HloSharding, shape: Shape, index: int) -> HloSharding:

@@ -62,8 +62,6 @@ def backward_reads(node: Node, ctx: Context) -> list[Node]:
 def index_readers(graph: Graph, ctx: Context) -> None:
     """Who reads whom: each node's sharding is read by the inferences listed in its reader lists."""
     for node in graph.nodes():
-        node.visits[FORWARD].reads = list(dict.fromkeys(forward_reads(node, ctx)))
-        node.visits[BACKWARD].reads = list(dict.fromkeys(backward_reads(node, ctx)))
-        for direction in (FORWARD, BACKWARD):
-            for read in node.visits[direction].reads:
+        for direction, reads in ((FORWARD, forward_reads(node, ctx)), (BACKWARD, backward_reads(node, ctx))):
+            for read in dict.fromkeys(reads):
                 read.visits[direction].readers.append(node)
