@@ -263,7 +263,7 @@ def _reduce(ctx: Context, node: Node, user: Node, us: HloSharding) -> HloShardin
         for i in range(node.rank):
             tiles.append(1 if i in reduced else source.pop(0))
         tiles += source
-        s = algebra._rebuild(s, s.tile_assignment.reshape(tuple(tiles)))
+        s = algebra.reshape_tiles(s, tiles)
     count = len(user.operands) // 2
     for other in user.operands[:count]:
         if other is node or other.sharding is None or other.sharding.is_tuple:

@@ -31,7 +31,7 @@ def _broadcast(ctx: Context, node: Node) -> bool:
     for i, d in enumerate(dims):
         tiles[d] = s.tile_assignment.dims[i]
     tiles += algebra.subgroup_dims(s)
-    out = algebra._rebuild(s, s.tile_assignment.reshape(tuple(tiles)))
+    out = algebra.reshape_tiles(s, tiles)
     return ctx.improve(node, out, "broadcast", (operand,), may_reshard(ctx, node))
 
 

@@ -32,6 +32,12 @@ def _rebuild(s: HloSharding, tiles: TileAssignment) -> HloSharding:
     return HloSharding.subgroup(tiles, s.subgroup_types, s.metadata)
 
 
+def reshape_tiles(s: HloSharding, dims: Sequence[int]) -> HloSharding:
+    """`s`'s devices in the same order, tiled as `dims` (data dims, then `s`'s subgroup dims), with
+    `s`'s replication form: how a sharding follows a shape that gains or loses size-1 dims."""
+    return _rebuild(s, _tiles(s).reshape(tuple(dims)))
+
+
 def subgroup_dims(s: HloSharding) -> tuple[int, ...]:
     """Tile dims after the data dims (replication and typed subgroups)."""
     return _tiles(s).dims[s.tiled_data_rank :]
@@ -114,7 +120,7 @@ def remove_dims(s: HloSharding, dims: Sequence[int]) -> HloSharding:
     tiles = _tiles(s)
     assert all(tiles.dims[d] == 1 for d in dims), f"removing sharded dims {dims} of {s}"
     kept = tuple(n for i, n in enumerate(tiles.dims) if i not in set(dims))
-    return _rebuild(s, tiles.reshape(kept))
+    return reshape_tiles(s, kept)
 
 
 def add_dims(s: HloSharding, at: int, count: int) -> HloSharding:
@@ -123,7 +129,7 @@ def add_dims(s: HloSharding, at: int, count: int) -> HloSharding:
         return s
     dims = list(_tiles(s).dims)
     dims[at:at] = [1] * count
-    return _rebuild(s, _tiles(s).reshape(tuple(dims)))
+    return reshape_tiles(s, dims)
 
 
 # -- permutations ------------------------------------------------------------
@@ -195,7 +201,7 @@ def propagate_along_dims(
     for src, tgt in zip(source_dims, target_dims):
         dims[tgt] = _tiles(s).dims[src]
     dims += subgroup_dims(r)
-    return _rebuild(r, _tiles(r).reshape(tuple(dims)))
+    return reshape_tiles(r, dims)
 
 
 # -- per-device group views used by merging and sub-tiling -------------------
