@@ -93,7 +93,8 @@ def test_subsample_keeps_order_the_peak_and_each_stretch_s_extremes(length: int,
 
 
 def test_peak_of_spans_is_the_most_bytes_live_at_one_position() -> None:
-    """The event sweep gives what summing every span at every position gives, on random spans."""
+    """The event sweep gives what summing every span (and the extra bytes) at every position gives, and
+    the first position that holds the most, on random spans."""
     import random
 
     from planner.memory.model import peak_of_spans
@@ -105,5 +106,7 @@ def test_peak_of_spans_is_the_most_bytes_live_at_one_position() -> None:
         for _ in range(rng.randint(0, 30)):
             start = rng.randrange(n)
             spans.append((start, rng.randrange(start, n), rng.randint(1, 1 << 20)))
-        brute = max(sum(s for a, e, s in spans if a <= p <= e) for p in range(n))
-        assert peak_of_spans(spans, n) == brute
+        extra = {rng.randrange(n): rng.randint(1, 1 << 21) for _ in range(rng.randint(0, 3))}
+        live = [sum(s for a, e, s in spans if a <= p <= e) + extra.get(p, 0) for p in range(n)]
+        assert peak_of_spans(spans, n, extra) == (max(live), live.index(max(live)))
+        assert peak_of_spans(spans, n)[0] == max(sum(s for a, e, s in spans if a <= p <= e) for p in range(n))

@@ -173,18 +173,7 @@ def estimate_memory(
         if owner is not None and owner.name in positions:
             extra_at[positions[owner.name]] = extra_at.get(positions[owner.name], 0) + body_peak
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
-    # Bytes live at each position, swept over the buffers' start and end events.
-    change = [0] * (end_position + 1)
-    for b in temps:
-        if b.start < end_position:
-            change[b.start] += b.size_bytes
-            change[min(b.end, end_position - 1) + 1] -= b.size_bytes
-    peak, peak_position, live = 0, 0, 0
-    for p in range(end_position):
-        live += change[p]
-        here = live + extra_at.get(p, 0)
-        if here > peak:
-            peak, peak_position = here, p
+    peak, peak_position = peak_of_spans([(b.start, b.end, b.size_bytes) for b in temps], end_position, extra_at)
     # What on-chip memory holds at the peak is not HBM.
     on_chip = min(peak, backend.alternate_memory_bytes)
     peak -= on_chip
@@ -232,28 +221,34 @@ def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[
         start = min(positions[n] for n in names)
         end = max([start] + [positions[u] for n in names for u in comp.users(n)])
         spans.append((start, end, b.size_bytes))
-    return peak_of_spans(spans, len(comp.instructions))
+    return peak_of_spans(spans, len(comp.instructions))[0]
 
 
-def peak_of_spans(spans: list[tuple[int, int, int]], num_positions: int) -> int:
-    """The most bytes live at one position, each span (start, end, bytes) live from start to end inclusive.
+def peak_of_spans(
+    spans: list[tuple[int, int, int]], num_positions: int, extra_at: dict[int, int] | None = None
+) -> tuple[int, int]:
+    """(bytes, position): the most bytes live at one position and the first position holding them, each
+    span (start, end, bytes) live from start to end inclusive, plus `extra_at[p]` bytes at position p.
 
     One sweep over the spans' start and end events, not positions x spans: the bytes live at p are the
     sum of the deltas up to p (+bytes at start, -bytes just after end).
     """
     if num_positions <= 0:
-        return 0
+        return 0, 0
     delta = [0] * (num_positions + 1)
     for start, end, size in spans:
         if end < start or start >= num_positions:
             continue  # live at no position, as a span that ends before it starts
         delta[max(start, 0)] += size
         delta[min(end, num_positions - 1) + 1] -= size
-    peak = live = 0
+    extra = extra_at or {}
+    peak = position = live = 0
     for p in range(num_positions):
         live += delta[p]
-        peak = max(peak, live)
-    return peak
+        here = live + extra.get(p, 0)
+        if here > peak:
+            peak, position = here, p
+    return peak, position
 
 
 def _num_devices(result: PropagationResult) -> int:
