@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The compiled core (planner/native.py, built by setup.py) follows its sources: an edit not yet
 # rebuilt runs as pure Python, and `make native` (which run and test call) rebuilds it.
 # The list is planner/native.py's MODULES, so a module added there is followed here too.
-NATIVE_SOURCES := setup.py planner/native.py $(shell grep -o '"planner/[a-z_/]*\.py"' planner/native.py | tr -d '"')
+NATIVE_SOURCES := setup.py planner/native.py $(shell grep -o '"planner/[a-z0-9_/]*\.py"' planner/native.py | tr -d '"')
 
 run: $(VENV)/.installed-core $(VENV)/.native
 	$(BIN)/spmd-planner plan --mesh fsdp=4,tp=2 --chip v6e

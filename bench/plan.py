@@ -97,12 +97,20 @@ print(json.dumps({"seconds": seconds}))
 """
 
 
-def xla_seconds(text: str, num_devices: int, tpu_topology: str | None) -> float:
+def _compile_in_child(
+    text: str, num_devices: int, tpu_topology: str | None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One compile of `text` in a child process (`_COMPILE`); a failed compile ends the benchmark."""
     request = {"hlo": text, "num_devices": num_devices, "tpu_topology": tpu_topology}
     done = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps(request), capture_output=True,
-                          text=True, cwd=REPO, timeout=1800)  # fmt: skip
+                          text=True, cwd=REPO, timeout=1800, env=env)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"XLA's compile failed:\n{done.stderr[-2000:]}")
+    return done
+
+
+def xla_seconds(text: str, num_devices: int, tpu_topology: str | None) -> float:
+    done = _compile_in_child(text, num_devices, tpu_topology)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
@@ -118,12 +126,8 @@ PROPAGATION_PASS = "sharding-propagation"
 def xla_pass_seconds(text: str, num_devices: int, name: str = PROPAGATION_PASS) -> float | None:
     """How long XLA:CPU's own pass `name` (C++) ran in one compile of `text`, from XLA's pass log;
     None when the log does not show it. A compile of its own, so the headline compile is not logged."""
-    request = {"hlo": text, "num_devices": num_devices, "tpu_topology": None}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="hlo_pass_pipeline=1")
-    done = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps(request), capture_output=True,
-                          text=True, cwd=REPO, timeout=1800, env=env)  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"XLA's compile failed:\n{done.stderr[-2000:]}")
+    done = _compile_in_child(text, num_devices, None, env)
     starts = []
     for line in done.stderr.splitlines():
         m = _PASS_LOG.match(line)
