@@ -52,9 +52,10 @@ def make_example() -> dict[str, Any]:
     from planner.hlo.parser import parse_hlo_file
     from planner.memory import chip
     from planner.mesh import Mesh
-    from planner.plan.planner import make_plan
+    from planner.passes import Planning, Preparation
 
-    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"), chip("v6e").hbm_bytes)
+    prepared = Preparation(mesh=Mesh.parse("fsdp=4,tp=2")).apply(parse_hlo_file(DEFAULT_DUMP))
+    plan, _ = Planning(chip("v6e").hbm_bytes).apply(prepared)
     return trimmed(plan.model_dump(mode="json"))  # type: ignore[no-any-return]
 
 

@@ -16,8 +16,8 @@ from planner.errors import HloParseError, PlannerError
 from planner.hlo.parser import parse_hlo
 from planner.hlo.printer import print_module
 from planner.mesh import Mesh
+from planner.passes import Planning, Preparation
 from planner.plan.manifest import Manifest
-from planner.plan.planner import make_plan
 
 
 def plan_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -25,16 +25,9 @@ def plan_job(job: dict[str, Any]) -> dict[str, Any]:
         module = parse_hlo(job["hlo"], source="request")
         mesh = Mesh(**{k: tuple(v) for k, v in job["mesh"].items()}) if job.get("mesh") else None
         manifest = Manifest.model_validate(job["manifest"]) if job.get("manifest") else None
-        plan, patched = make_plan(
-            module,
-            mesh,
-            job.get("capacity_bytes"),
-            threshold=job["threshold"],
-            min_bytes=job["min_bytes"],
-            manifest=manifest,
-            verify=job["verify"],
-            chip_name=job.get("chip"),
-        )
+        prepared = Preparation(job.get("chip") or "cpu", mesh).apply(module)
+        planning = Planning(job.get("capacity_bytes"), job["threshold"], job["min_bytes"], manifest, job["verify"])
+        plan, patched = planning.apply(prepared)
     except HloParseError as e:
         return {"status": 422, "message": str(e), "line": e.line, "column": e.column}
     except (PlannerError, ValueError) as e:

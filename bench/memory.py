@@ -26,6 +26,7 @@ from xla_reference import compile_spmd, memory_total, summary  # noqa: E402
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
 from planner.memory import memory_report  # noqa: E402
+from planner.prepare import prepare  # noqa: E402
 from planner.propagation import PropagationOptions  # noqa: E402
 from planner.sharding import clear_caches  # noqa: E402
 
@@ -53,7 +54,7 @@ def accuracy_table() -> None:
         text = truth.with_name(truth.name.split(".")[0] + ".hlo").read_text()
         clear_caches()
         start = time.perf_counter()
-        ours = memory_report(parse_hlo(text)).total_bytes
+        ours = memory_report(prepare(parse_hlo(text))).total_bytes
         seconds = time.perf_counter() - start
         name = truth.name.split(".")[0]
         print(f"{name:<44} {ours / 1e6:>9.1f} {xla / 1e6:>9.1f} {(ours - xla) / xla:>+7.1%} {seconds:>7.3f}")
@@ -67,7 +68,7 @@ def main() -> int:
     clear_caches()
     start = time.perf_counter()
     # Both sides may shard the outputs, as torch_xla and JAX compile a step.
-    report = memory_report(parse_hlo(text), options=PropagationOptions(allow_to_output=(True,)))
+    report = memory_report(prepare(parse_hlo(text), options=PropagationOptions(allow_to_output=(True,))))
     ours_seconds = time.perf_counter() - start
     executable, xla_seconds = compile_spmd(text, allow_output=True)
     xla_total = memory_total(executable)

@@ -46,6 +46,7 @@ from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
 from planner.mesh import Mesh  # noqa: E402
 from planner.plan import planner as planner_module  # noqa: E402
+from planner.prepare import prepare  # noqa: E402
 from planner.propagation import propagate  # noqa: E402
 from planner.sharding import clear_caches  # noqa: E402
 
@@ -158,7 +159,7 @@ def plan_seconds(text: str, mesh: Mesh | None) -> tuple[float, int]:
     planner_module.simulate = counting  # type: ignore[assignment]
     try:
         start = time.perf_counter()
-        planner_module.make_plan(parse_hlo(text), mesh)
+        planner_module.make_plan(prepare(parse_hlo(text), mesh=mesh))
         return time.perf_counter() - start, count
     finally:
         planner_module.simulate = simulate  # type: ignore[assignment]
@@ -167,7 +168,7 @@ def plan_seconds(text: str, mesh: Mesh | None) -> tuple[float, int]:
 def propagation_seconds(text: str) -> float:
     clear_caches()
     start = time.perf_counter()
-    propagate(parse_hlo(text))
+    propagate(prepare(parse_hlo(text)))
     return time.perf_counter() - start
 
 

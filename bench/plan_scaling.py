@@ -24,6 +24,7 @@ from xla_reference import compile_spmd, summary  # noqa: E402
 from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
 from planner.hlo.parser import parse_hlo  # noqa: E402
 from planner.plan.planner import make_plan  # noqa: E402
+from planner.prepare import prepare  # noqa: E402
 from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
@@ -37,7 +38,7 @@ def main() -> int:
         clear_caches()
         start = time.perf_counter()
         module = parse_hlo(text)
-        make_plan(module)
+        make_plan(prepare(module))
         ours = time.perf_counter() - start
         xla = compile_spmd(text, allow_output=True)[1]
         count = module.num_instructions

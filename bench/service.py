@@ -55,11 +55,12 @@ def _in_process_plan_seconds(hlo: str, repeat: int) -> list[float]:
     from planner.hlo.parser import parse_hlo
     from planner.mesh import Mesh
     from planner.plan.planner import make_plan
+    from planner.prepare import prepare
 
     times = []
     for k in range(max(repeat, 1)):
         start = time.perf_counter()
-        make_plan(parse_hlo(hlo), Mesh.parse("fsdp=4,tp=2"), threshold=1.5 + k / 1000)
+        make_plan(prepare(parse_hlo(hlo), mesh=Mesh.parse("fsdp=4,tp=2")), threshold=1.5 + k / 1000)
         times.append(time.perf_counter() - start)
     return times
 

@@ -6,12 +6,8 @@ equal them, a memory error lies in the memory model, not in propagation.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from planner import parse_hlo_file
-from planner.hlo.inline import inline_calls
-from planner.hlo.ir import HloModule
 from planner.hlo.shapes import Shape, TupleShape, parse_shape
+from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult, propagate
 from planner.scanner import Cursor
 from planner.sharding import HloSharding
@@ -24,18 +20,16 @@ def per_device_dims(shape: Shape, sharding: HloSharding) -> list[tuple[int, ...]
 
 
 def while_shape_mismatches(
-    hlo: Path | HloModule, xla_whiles: list[dict[str, str]], result: PropagationResult | None = None
+    prepared: PreparedModule, xla_whiles: list[dict[str, str]], result: PropagationResult | None = None
 ) -> tuple[int, list[str]]:
     """Per-device While tuple shapes from the user-facing dump against XLA's partitioned ones.
 
-    `result` is `propagate(module)` when the caller has it already. Returns (elements compared,
+    `result` is `propagate(prepared)` when the caller has it already. Returns (elements compared,
     descriptions of the ones that differ). Loops are paired by their tuple structure (arity and
     element dims).
     """
-    module = parse_hlo_file(hlo) if isinstance(hlo, Path) else hlo
-    result = result if result is not None else propagate(module)
-    inlined = inline_calls(module).module
-    shapes = {i.name: i.shape for c in inlined.computations for i in c}
+    result = result if result is not None else propagate(prepared)
+    shapes = {i.name: i.shape for c in prepared.module.computations for i in c}
     ours = [i for i in result.instructions if i.opcode == "while"]
     compared, misses = 0, []
     for entry in xla_whiles:

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from planner.memory.backends import tpu_topology
+from planner.targets import tpu_topology
 
 FRONT_ENDS = ("jax", "torch_xla")
 PARTITIONERS = ("gspmd", "shardy")

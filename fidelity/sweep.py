@@ -17,12 +17,11 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fidelity.agreement import while_shape_mismatches
 from fidelity.cases import CASES, CI_CASES, Case, case_named
 from fidelity.references import ensure_references, reference_path
-from planner.hlo.ir import HloModule
+from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult
 
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
@@ -52,34 +51,35 @@ def compiler_bytes(record: dict[str, object], backend: str) -> int:
 
 
 def predict(case: Case) -> list[Row]:
-    """Our bytes for each compiler that compiled the case, from one propagation of its module."""
+    """Our bytes for each compiler that compiled the case, each from its own pipeline's propagation."""
     from planner import parse_hlo_file
     from planner.memory import memory_report
+    from planner.prepare import prepare
     from planner.propagation import propagate
 
     hlo = reference_path(case)
     record = json.loads(hlo.with_suffix(".xla.json").read_text())
     module = parse_hlo_file(hlo)
-    result = propagate(module)
-    agreement = propagation_agreement(module, result, record)
     backends = [("cpu", "cpu")] + ([(case.chip or "tpu", "tpu")] if record.get("tpu") else [])
-    return [
-        Row(
-            case,
-            backend,
-            compiler_bytes(record, compiler),
-            memory_report(module, result=result, backend=backend).total_bytes,
-            agreement,
-        )
-        for backend, compiler in backends
-    ]
+    rows = []
+    for backend, compiler in backends:
+        prepared = prepare(module, backend)
+        result = propagate(prepared)
+        whiles = record.get("post_partition_while_shapes") or record.get("xla_post_partition_while_shapes")
+        if compiler == "tpu":
+            whiles = record["tpu"].get("post_partition_while_shapes")
+        total = memory_report(prepared, result=result).total_bytes
+        rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
+                        propagation_agreement(prepared, result, whiles)))  # fmt: skip
+    return rows
 
 
-def propagation_agreement(module: HloModule, result: PropagationResult, record: dict[str, Any]) -> str:
-    whiles = record.get("post_partition_while_shapes") or record.get("xla_post_partition_while_shapes")
+def propagation_agreement(
+    prepared: PreparedModule, result: PropagationResult, whiles: list[dict[str, str]] | None
+) -> str:
     if not whiles:
         return "n/a"
-    compared, misses = while_shape_mismatches(module, whiles, result)
+    compared, misses = while_shape_mismatches(prepared, whiles, result)
     if any("loops of arity" in m for m in misses):
         return "loops differ"
     return "exact" if not misses else f"{len(misses)} of {compared} differ"

@@ -25,9 +25,9 @@ import numpy as np
 from planner.hlo.parser import parse_hlo
 from planner.memory import chip as chip_preset
 from planner.mesh import Mesh
+from planner.passes import Planning, Preparation
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
-from planner.plan.planner import make_plan
 from planner.version import planner_version
 
 
@@ -112,8 +112,8 @@ class PlannerClient:
         return digest.hexdigest()[:32]
 
     def _local(self, hlo: str, manifest: Manifest | None) -> Plan:
-        plan, _ = make_plan(parse_hlo(hlo, source="captured step"), self.mesh, self.capacity_bytes,
-                            manifest=manifest, chip_name=self.chip)  # fmt: skip
+        prepared = Preparation(self.chip or "cpu", self.mesh).apply(parse_hlo(hlo, source="captured step"))
+        plan, _ = Planning(self.capacity_bytes, manifest=manifest).apply(prepared)
         return plan
 
     def _remote(self, hlo: str, manifest: Manifest | None) -> Plan:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from fidelity.agreement import per_device_dims
 from planner import parse_hlo, parse_hlo_file, parse_sharding
-from planner.hlo.inline import inline_calls
 from planner.hlo.shapes import Shape
+from planner.prepare import prepare
 from planner.propagation import PropagationOptions, PropagationResult, propagate
 
 
@@ -54,7 +54,7 @@ def torch_xla_agreement(truth_path: Path) -> Agreement:
     """Propagate NAME.pass_input.hlo and compare with xla_instruction_shardings."""
     truth = json.loads(truth_path.read_text())["xla_instruction_shardings"]
     module = parse_hlo_file(truth_path.with_name(truth_path.name.replace(".truth.json", ".pass_input.hlo")))
-    result = propagate(module, PropagationOptions.from_module(module))
+    result = propagate(prepare(module, pass_input=True))
     shapes = {i.name: i.shape for c in module.computations for i in c}
     shapes.update({new: shapes[old] for old, new in result.renamed.items() if old in shapes})
     return compare_shardings(result, shapes, truth)
@@ -64,9 +64,9 @@ def jax_agreement(info_path: Path) -> Agreement:
     """Propagate the JAX NAME.hlo and compare with instruction_shardings in NAME.xla.json."""
     truth = json.loads(info_path.read_text())["instruction_shardings"]
     module = parse_hlo_file(info_path.with_name(info_path.name.replace(".xla.json", ".hlo")))
-    result = propagate(module)
-    inlined = inline_calls(module).module
-    shapes = {i.name: i.shape for c in inlined.computations for i in c}
+    prepared = prepare(module)
+    result = propagate(prepared)
+    shapes = {i.name: i.shape for c in prepared.module.computations for i in c}
     return compare_shardings(result, shapes, truth)
 
 
@@ -78,7 +78,7 @@ def xla_case_results(cases: list[dict]) -> list[tuple[str, str, str, str | None]
         options = PropagationOptions(
             case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"])
         )
-        result = propagate(module, options, inline=False)
+        result = propagate(prepare(module, options=options, pass_input=True))
         for key, want in case["expect"].items():
             if key == "@root":
                 name = result.renamed.get(module.entry.root_name, module.entry.root_name)

@@ -22,13 +22,14 @@ from planner.mesh import Mesh
 from planner.plan.chip_groups import chip_groups, chip_ranges
 from planner.plan.model import Plan, VerdictInfo
 from planner.plan.planner import make_plan
+from planner.prepare import prepare
 
 GIB = 1 << 30
 
 
 @functools.cache
 def real_plan() -> Plan:
-    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"), 600 << 20)
+    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), mesh=Mesh.parse("fsdp=4,tp=2")), 600 << 20)
     return plan
 
 

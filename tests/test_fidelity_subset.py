@@ -59,11 +59,12 @@ def test_hbm_per_chip_within_measured_bound(case: Case, rows: dict[str, list[Row
 def test_arguments_and_outputs_are_xla_cpu_s_to_the_byte(case: Case) -> None:
     from planner import parse_hlo_file
     from planner.memory import memory_report
+    from planner.prepare import prepare
 
     ensure_references([case])
     hlo = reference_path(case)
     stats = json.loads(hlo.with_suffix(".xla.json").read_text())["memory"]
-    report = memory_report(parse_hlo_file(hlo))
+    report = memory_report(prepare(parse_hlo_file(hlo)))
     assert (report.argument_bytes, report.output_bytes) == (
         stats["argument_size_in_bytes"],
         stats["output_size_in_bytes"],

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from planner.errors import HloParseError, PlannerError
 from planner.hlo.parser import parse_hlo
 from planner.plan.planner import make_plan
+from planner.prepare import prepare
 
 EXAMPLES = int(os.environ.get("SPMD_FUZZ_EXAMPLES", "150"))
 SECONDS_PER_INPUT = 30
@@ -140,7 +141,7 @@ def outcome(text: str) -> str:
         assert 1 <= e.line <= len(lines) + 1 and e.column >= 1 and e.message, e
         return "parse error"
     try:
-        make_plan(module)
+        make_plan(prepare(module))
     except PlannerError as e:
         assert str(e)
         return type(e).__name__

@@ -16,6 +16,7 @@ from fidelity.agreement import while_shape_mismatches
 from planner import parse_hlo, parse_hlo_file
 from planner.memory import memory_report
 from planner.plan.planner import make_plan
+from planner.prepare import prepare
 from planner.propagation import propagate
 
 GENERATED = Path(__file__).parent / "fixtures" / "generated"
@@ -49,7 +50,7 @@ def config(hlo: Path) -> dict[str, object]:
 @pytest.mark.parametrize("hlo", FIXTURES, ids=[p.stem for p in FIXTURES])
 def test_fixture_plans_and_sizes_like_xla(hlo: Path) -> None:
     module = parse_hlo_file(hlo)
-    plan, _ = make_plan(module)
+    plan, _ = make_plan(prepare(module))
     shardy = config(hlo)["partitioner"] == "shardy"
     assert plan.partitioner == ("shardy, simulated with GSPMD rules" if shardy else "gspmd")
     if shardy:
@@ -57,7 +58,7 @@ def test_fixture_plans_and_sizes_like_xla(hlo: Path) -> None:
         assert plan.mesh == f"fsdp={mesh[0]},tp={mesh[1]}"  # type: ignore[index]  # from the module: no --mesh given
     # The fsdp axis is dropped from every stacked weight gradient: each is found.
     assert plan.findings
-    report = memory_report(module)
+    report = memory_report(prepare(module))
     stats = xla_memory(hlo)
     if stats is not None and not shardy:
         # Arguments and outputs are sized by propagation alone: they are XLA's to the byte. (Under Shardy,
@@ -79,7 +80,7 @@ def test_fixture_plans_and_sizes_like_xla(hlo: Path) -> None:
 def test_gspmd_remat_while_shapes_are_xla_s(name: str) -> None:
     hlo = GENERATED / f"{name}.hlo"
     whiles = json.loads(hlo.with_suffix(".xla.json").read_text())["post_partition_while_shapes"]
-    compared, misses = while_shape_mismatches(hlo, whiles)
+    compared, misses = while_shape_mismatches(prepare(parse_hlo_file(hlo)), whiles)
     assert misses == []
     # Every element of every loop was compared.
     assert compared == sum(len(re.findall(r"[a-z][a-z0-9]*\[[0-9,]*\]", w["shape"])) for w in whiles)
@@ -92,11 +93,11 @@ def test_shardy_step_simulates_like_its_gspmd_twin(size: str, shape: str) -> Non
     """One program lowered for both partitioners: same shardings everywhere, same bytes per chip."""
     gspmd = parse_hlo_file(GENERATED / f"jax_llama{size}_remat_{shape}.hlo")
     shardy = parse_hlo_file(GENERATED / f"jax_llama{size}_shardy_remat_{shape}.hlo")
-    ours_gspmd, ours_shardy = propagate(gspmd).shardings(), propagate(shardy).shardings()
+    ours_gspmd, ours_shardy = propagate(prepare(gspmd)).shardings(), propagate(prepare(shardy)).shardings()
     shared = ours_gspmd.keys() & ours_shardy.keys()
     assert len(shared) == len(ours_gspmd) == len(ours_shardy)
     assert {n: ours_shardy[n] for n in shared} == {n: ours_gspmd[n] for n in shared}
-    assert memory_report(shardy).total_bytes == memory_report(gspmd).total_bytes
+    assert memory_report(prepare(shardy)).total_bytes == memory_report(prepare(gspmd)).total_bytes
 
 
 def test_shardy_only_shardings_give_the_same_simulation() -> None:
@@ -105,4 +106,4 @@ def test_shardy_only_shardings_give_the_same_simulation() -> None:
     stripped = re.sub(r", sharding=\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}(?=, frontend_attributes=\{xla\.sdy)", "", text)
     assert stripped.count("sharding={") < text.count("sharding={") - 5
     both, sdy_only = parse_hlo(text), parse_hlo(stripped)
-    assert propagate(sdy_only).shardings() == propagate(both).shardings()
+    assert propagate(prepare(sdy_only)).shardings() == propagate(prepare(both)).shardings()

@@ -18,6 +18,7 @@ from conftest import SHARED
 
 from planner import parse_hlo, parse_hlo_file, parse_sharding
 from planner.memory import memory_report
+from planner.prepare import prepare
 from planner.propagation import PropagationOptions, propagate
 
 GOLDEN = sorted((Path(__file__).parent / "golden").glob("*.hlo"))
@@ -31,7 +32,7 @@ def expected(path: Path) -> dict[str, str | None]:
 
 def ours(path: Path) -> dict[str, str | None]:
     module = parse_hlo_file(path)
-    result = propagate(module, OPTIONS)
+    result = propagate(prepare(module, options=OPTIONS))
     return {
         i.name: i.sharding.to_text() if i.sharding is not None else None
         for i in result.instructions
@@ -43,7 +44,7 @@ def ours(path: Path) -> dict[str, str | None]:
 def test_golden_propagation(path: Path) -> None:
     assert ours(path) == expected(path)
     # Sizing the result must work too (an operand's sharding must fit its shape).
-    assert memory_report(parse_hlo_file(path)).total_bytes > 0
+    assert memory_report(prepare(parse_hlo_file(path))).total_bytes > 0
 
 
 @pytest.mark.xla

@@ -11,6 +11,7 @@ from planner import parse_hlo_file, parse_sharding
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest, layer_relative, spec_sharding
 from planner.plan.planner import make_plan
+from planner.prepare import prepare
 
 TRUTHS = sorted(CORPUS.glob("torch_xla/*.truth.json"))
 
@@ -86,7 +87,8 @@ def test_manifest_names_every_gradient_and_gives_pytorch_placements() -> None:
     manifest = _llama_manifest(truth)
     mesh = Mesh.parse("fsdp=4,tp=2")
     plan, _ = make_plan(
-        parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo"), mesh, manifest=manifest
+        prepare(parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo"), mesh=mesh),
+        manifest=manifest,
     )
     (down,) = [f for f in plan.findings if f.kind == "stacked-gradient"]
     assert down.matched_parameter == "d.weight"
@@ -110,20 +112,22 @@ def test_manifest_that_does_not_fit_is_refused_with_the_mismatch() -> None:
         ValueError, match=r"'0.d.weight' has shape=\[4096, 1024\], but its stacked gradient is f32\[8,1024,4096\]"
     ):
         make_plan(
-            parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo"),
-            Mesh.parse("fsdp=4,tp=2"),
+            prepare(
+                parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo"),
+                mesh=Mesh.parse("fsdp=4,tp=2"),
+            ),
             manifest=wrong_shape,
         )
     bad = manifest.model_copy(deep=True)
     bad.parameters[6].partition_spec = ["fsdp"]  # 0.d.weight is 2-D
     module = parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.captured.hlo")
     with pytest.raises(ValueError, match=r"'0.d.weight' has shape=\[1024, 4096\] and partition_spec=\['fsdp'\]"):
-        make_plan(module, Mesh.parse("fsdp=4,tp=2"), manifest=bad)
+        make_plan(prepare(module, mesh=Mesh.parse("fsdp=4,tp=2")), manifest=bad)
     unknown = manifest.model_copy(deep=True)
     unknown.outputs[7] = "0.down.weight"
     with pytest.raises(
         ValueError, match=r"names parameter '0.down.weight', which the manifest's parameters do not list"
     ):
-        make_plan(module, Mesh.parse("fsdp=4,tp=2"), manifest=unknown)
+        make_plan(prepare(module, mesh=Mesh.parse("fsdp=4,tp=2")), manifest=unknown)
     with pytest.raises(ValueError, match="a manifest needs the mesh"):
-        make_plan(module, None, manifest=manifest)
+        make_plan(prepare(module), manifest=manifest)

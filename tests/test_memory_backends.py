@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.memory import CHIPS
-from planner.memory.backends import BACKENDS, backend, tpu_topology
+from planner.targets import BACKENDS, backend, tpu_topology
 
 
 def test_every_chip_preset_names_its_compiler() -> None:

@@ -15,14 +15,12 @@ from conftest import CORPUS
 
 from planner import parse_hlo_file
 from planner.data import DEFAULT_DUMP
-from planner.hlo.inline import inline_calls
-from planner.hlo.loops import while_loops
-from planner.hlo.shardy_import import resolve_mesh, to_gspmd
-from planner.memory import estimate_memory, memory_report
-from planner.memory.timeline import MAX_POINTS, memory_timeline, subsample, timelines
+from planner.memory import estimate_memory, memory_report, memory_timeline
+from planner.memory.timeline import MAX_POINTS, subsample, timelines
 from planner.mesh import Mesh
 from planner.plan.planner import make_plan
-from planner.propagation import PropagationOptions, propagate
+from planner.prepare import prepare
+from planner.propagation import propagate
 
 GENERATED = Path(__file__).parent / "fixtures" / "generated"
 CASES = [
@@ -39,19 +37,19 @@ CASES = [
     "path,backend", CASES, ids=[f"{p.parent.name}/{p.stem}-{b}" for p, b in CASES]
 )  # fmt: skip
 def test_entry_peak_is_the_report_s_total_at_the_report_s_peak(path: Path, backend: str) -> None:
-    module = parse_hlo_file(path)
-    inlined = inline_calls(to_gspmd(module)).module
-    result = propagate(inlined, PropagationOptions.from_module(module), inline=False)
-    report = memory_report(module, resolve_mesh(module, None), result=result, backend=backend)
-    estimate = estimate_memory(inlined, result, resolve_mesh(module, None), backend)
-    series = memory_timeline(module, result, target=backend)
+    prepared = prepare(parse_hlo_file(path), backend)
+    inlined = prepared.module
+    result = propagate(prepared)
+    report = memory_report(prepared, result=result)
+    estimate = estimate_memory(prepared, result)
+    series = memory_timeline(prepared, result)
     entry = series[0]
     assert entry.label == "entry" and entry.computation == inlined.entry_name
     assert max(entry.live_bytes) == entry.peak_bytes == report.total_bytes
     assert entry.positions[entry.peak_index] == inlined.entry.instructions[estimate.peak_position].name
     # Arguments and outputs are held the whole step: nothing dips below them.
     assert min(entry.live_bytes) >= report.argument_bytes + report.output_bytes - report.alias_bytes
-    loops = [loop for loop in while_loops(inlined) if loop.computation == inlined.entry_name]
+    loops = [loop for loop in prepared.loops if loop.computation == inlined.entry_name]
     assert [s.label for s in series[1:]] == [f"body of {loop.name} ({loop.trip_count} trips)" for loop in loops]
     at = dict(zip(entry.positions, entry.live_bytes))
     for loop, body in zip(loops, series[1:]):
@@ -62,7 +60,7 @@ def test_entry_peak_is_the_report_s_total_at_the_report_s_peak(path: Path, backe
 
 
 def test_plan_carries_timelines_before_and_after() -> None:
-    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"))
+    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), mesh=Mesh.parse("fsdp=4,tp=2")))
     for series, total in ((plan.timeline_before, plan.hbm.total_before), (plan.timeline_after, plan.hbm.total_after)):
         assert [s.label for s in series] == ["entry", "body of while.953 (8 trips)", "body of while.2384 (8 trips)"]
         assert max(series[0].live_bytes) == total
@@ -72,11 +70,10 @@ def test_plan_carries_timelines_before_and_after() -> None:
 
 
 def test_timelines_read_the_estimate_they_are_given() -> None:
-    module = parse_hlo_file(DEFAULT_DUMP)
-    result = propagate(module, inline=True)
-    inlined = inline_calls(module).module
-    estimate = estimate_memory(inlined, result)
-    assert timelines(inlined, result, estimate)[0].peak_bytes == estimate.total_bytes
+    prepared = prepare(parse_hlo_file(DEFAULT_DUMP))
+    result = propagate(prepared)
+    estimate = estimate_memory(prepared, result)
+    assert timelines(prepared.module, result, estimate)[0].peak_bytes == estimate.total_bytes
 
 
 @pytest.mark.parametrize("length,peak", [(50, 7), (4000, 0), (4000, 3999), (100_003, 51_234)])

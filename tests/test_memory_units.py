@@ -7,6 +7,7 @@ import pytest
 from planner import parse_hlo
 from planner.memory import chip, memory_report, parse_bytes
 from planner.mesh import Mesh
+from planner.prepare import prepare
 from planner.units import format_bytes
 
 
@@ -59,7 +60,7 @@ ENTRY e {
 }
 """
     )
-    report = memory_report(module, Mesh.parse("x=4"))
+    report = memory_report(prepare(module, mesh=Mesh.parse("x=4")))
     per_chip = report.per_chip_bytes
     # Chip 2 holds the whole of `a` (4 KiB) besides its quarter of `b`; the others only their quarter.
     assert per_chip[2] - per_chip[0] == 4096 * 2  # parameter and output copies of `a`
@@ -69,7 +70,7 @@ ENTRY e {
 def test_mesh_must_fit_the_module() -> None:
     module = parse_hlo("HloModule m, num_partitions=8\n\nENTRY e {\n  ROOT p = f32[8] parameter(0)\n}\n")
     with pytest.raises(ValueError, match="mesh x=4 has 4 devices but the module has num_partitions=8"):
-        memory_report(module, Mesh.parse("x=4"))
+        prepare(module, mesh=Mesh.parse("x=4"))
 
 
 def test_donated_parameters_are_not_counted_twice() -> None:
@@ -82,7 +83,7 @@ ENTRY e {
   ROOT t = (f32[1024], f32[1024]) tuple(n, g), sharding={{devices=[2]<=[2]}, {devices=[2]<=[2]}}
 }
 """
-    report = memory_report(parse_hlo(text))
+    report = memory_report(prepare(parse_hlo(text)))
     # Each device: two 2 KiB parameters, two 2 KiB outputs (+16 B tuple table); output 0 reuses w.
     assert report.argument_bytes == 4096
     assert report.output_bytes == 4096 + 16

@@ -28,7 +28,8 @@ from planner.plan.model import Plan
 from planner.plan.names import name_table, short_op_name, without_layer
 from planner.plan.planner import make_plan
 from planner.plan.scan_pairs import layer_sharding, output_positions, stacked_gradients
-from planner.propagation import PropagationOptions, propagate
+from planner.prepare import prepare
+from planner.propagation import propagate
 
 JAX_DUMP = CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"
 BUNDLED_TRUTH = CORPUS / "torch_xla" / f"{DEFAULT_DUMP.stem}.truth.json"
@@ -134,7 +135,7 @@ def _manifest(truth: dict, module: HloModule) -> Manifest:
 def _torch_xla_plan(with_names: bool) -> Plan:
     truth = _truth(BUNDLED_TRUTH)
     manifest = _manifest(truth, _inlined(DEFAULT_DUMP)) if with_names else None
-    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), _mesh(truth), manifest=manifest)
+    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), mesh=_mesh(truth)), manifest=manifest)
     return plan
 
 
@@ -167,7 +168,7 @@ def test_torch_xla_stacked_gradients_named_from_the_parameter_list() -> None:
     """The plain list of `named_parameters()` names, as a client would send it, names every stacked gradient."""
     truth = _truth(BUNDLED_TRUTH)
     module = _inlined(DEFAULT_DUMP)
-    result = propagate(module, PropagationOptions.from_module(module), inline=False)
+    result = propagate(prepare(module))
     gradients = stacked_gradients(module, result)
     table = name_table(module, parameter_names=truth["parameter_names"], gradients=gradients)
     names: list[str | None] = []
@@ -189,7 +190,7 @@ def test_torch_xla_without_names_says_none_rather_than_guessing() -> None:
 def test_jax_stacked_gradients_are_named_after_the_params_they_update() -> None:
     """`grad of params['wq']` for the accumulator whose output XLA's record calls `grads['wq']`."""
     truth = json.loads(JAX_DUMP.with_suffix(".xla.json").read_text())
-    plan, _ = make_plan(parse_hlo_file(JAX_DUMP), _mesh(truth))
+    plan, _ = make_plan(prepare(parse_hlo_file(JAX_DUMP), mesh=_mesh(truth)))
     module = _inlined(JAX_DUMP)
     loops = {loop.name: loop for loop in while_loops(module)}
     gradients = [f for f in plan.findings if f.kind == "stacked-gradient"]

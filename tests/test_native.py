@@ -26,14 +26,18 @@ from pathlib import Path
 from planner import native
 from planner.hlo.parser import parse_hlo
 from planner.memory import memory_report
+from planner.prepare import prepare
 from planner.propagation import propagate
 
 out = {"status": native.status(), "steps": {}}
 for path in sys.argv[1:]:
     module = parse_hlo(Path(path).read_text())
-    result = propagate(module)
-    shardings = {i.name: i.sharding.to_text() if i.sharding is not None else None for i in result.instructions}
-    totals = {b: memory_report(module, None, None, result=result, backend=b).total_bytes for b in ("cpu", "v6e")}
+    shardings = {}
+    totals = {}
+    for b in ("cpu", "v6e"):
+        result = propagate(prepare(module, b))
+        shardings[b] = {i.name: i.sharding.to_text() if i.sharding is not None else None for i in result.instructions}
+        totals[b] = memory_report(prepare(module, b), result=result).total_bytes
     out["steps"][Path(path).name] = {"shardings": shardings, "totals": totals}
 print(json.dumps(out))
 """

@@ -18,9 +18,7 @@ from typing import Any
 import pytest
 
 from planner import parse_hlo_file
-from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
-from planner.hlo.shardy_import import resolve_mesh, to_gspmd
 from planner.memory import chip, memory_report
 from planner.mesh import Mesh
 from planner.plan.model import Plan
@@ -31,7 +29,8 @@ from planner.plan.next_steps import (
     predict_smaller_microbatch,
 )
 from planner.plan.remesh import axis_layout, move_sharding
-from planner.propagation import PropagationOptions, propagate
+from planner.prepare import prepare
+from planner.propagation import propagate
 from planner.sharding.text import parse_sharding
 
 GENERATED = Path(__file__).parent / "fixtures" / "generated"
@@ -78,17 +77,17 @@ def test_move_sharding_keeps_each_dims_axes(sharding: str, new_mesh: str, split:
 
 
 def _step(module: HloModule, mesh: Mesh, capacity: int, backend: str) -> Step:
-    options = PropagationOptions.from_module(module)
-    return Step(module, propagate(module, options, inline=False), mesh, capacity, backend, options)
+    prepared = prepare(module, backend, mesh)
+    return Step(prepared, propagate(prepared), capacity)
 
 
 def test_small_step_options_and_holders_add_up() -> None:
     """On the committed 8-device Shardy step (no remat) with a capacity it does not fit: every option is
     predicted, more chips and a smaller batch each lower the bytes, and the holders add up to the total."""
     module = parse_hlo_file(GENERATED / "jax_llama_shardy_L8_fsdp4_tp2.hlo")
-    mesh = resolve_mesh(module, MESH)
+    step = _step(module, MESH, 100 << 20, "v6e")
+    mesh = step.mesh
     assert mesh is not None
-    step = _step(inline_calls(to_gspmd(module)).module, mesh, 100 << 20, "v6e")
     total = step.estimate().total_bytes
     holders, steps, unavailable = beyond_sharding(step)
     assert unavailable == []
@@ -157,7 +156,7 @@ def plans(references: dict) -> dict[str, tuple[Plan, HloModule]]:
     from planner.plan.planner import make_plan
 
     return {
-        name: make_plan(parse_hlo_file(references[name][0]), MESH_405B, V6E, chip_name="v6e")
+        name: make_plan(prepare(parse_hlo_file(references[name][0]), "v6e", MESH_405B), V6E)
         for name in (BEFORE, HALF_FROM, S2048)
     }
 
@@ -205,7 +204,7 @@ def _predicted(option: str, references: dict, plans: dict) -> int:
     """Our bytes per chip for the option, for the compiler it was compiled with."""
     _, patched = plans[BEFORE]
     if option == "before":
-        return memory_report(parse_hlo_file(references[BEFORE][0]), MESH_405B, backend="v5p").total_bytes
+        return memory_report(prepare(parse_hlo_file(references[BEFORE][0]), "v5p", MESH_405B)).total_bytes
     if option == "after":
         return _step(patched, MESH_405B, V6E, "v5p").estimate().total_bytes
     if option in ("remat", "remat_s2048"):

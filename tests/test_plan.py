@@ -9,14 +9,14 @@ import pytest
 from conftest import CORPUS
 
 from planner import parse_hlo, parse_hlo_file, print_module
-from planner.hlo.inline import inline_calls
 from planner.hlo.shapes import parse_shape
 from planner.mesh import Mesh
 from planner.plan.findings import buffer_findings
 from planner.plan.placements import apply_placements, pin_parameter
 from planner.plan.planner import PIN_EVERY_PARAMETER, make_plan, per_device_while_shapes, simulate
 from planner.plan.scan_pairs import stacked_gradients
-from planner.propagation import PropagationOptions, propagate
+from planner.prepare import prepare, reprepare
+from planner.propagation import propagate
 from planner.scanner import Cursor
 
 MESH = Mesh.parse("fsdp=4,tp=2")
@@ -29,7 +29,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def plans() -> dict[str, tuple]:
-    return {case: make_plan(parse_hlo_file(CORPUS / f"{case}.hlo"), MESH) for case in CASES}
+    return {case: make_plan(prepare(parse_hlo_file(CORPUS / f"{case}.hlo"), mesh=MESH)) for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.split("/")[1] for c in CASES])
@@ -44,7 +44,7 @@ def test_recommended_placements_fix_every_stacked_gradient(plans: dict, case: st
     assert all(f.per_device_bytes_after == f.ideal_per_device_bytes for f in gradients)
     # The patched module is valid HLO, and re-propagated it has no stacked-gradient finding left.
     reread = parse_hlo(print_module(patched))
-    left = [f for f in buffer_findings(reread, propagate(reread, inline=False), 8) if f.kind == "stacked-gradient"]
+    left = [f for f in buffer_findings(reread, propagate(prepare(reread)), 8) if f.kind == "stacked-gradient"]
     assert left == []
     waste = sum(f.waste_bytes for f in gradients)
     # Pinning frees the accumulators' waste but adds the partial sums a pinned gradient is reduced
@@ -71,7 +71,7 @@ def test_no_recommended_placement_costs_memory(plans: dict, case: str) -> None:
 
 def test_splitting_the_conflicting_shard_group_is_evaluated_and_refused() -> None:
     """Splitting torch_xla's shared group 1 predicts more memory than leaving it: said, not recommended."""
-    plan, _ = make_plan(parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo"), MESH)
+    plan, _ = make_plan(prepare(parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo"), mesh=MESH))
     (split,) = [p for p in plan.placements if p.kind == "split-shard-group"]
     assert split.fixes == ["shard_as group 1"]
     assert len(split.shard_as_pairs) == 4 and all(len(pair) == 2 for pair in split.shard_as_pairs)
@@ -90,14 +90,13 @@ def test_pinning_every_parameter_predicts_what_the_fixed_run_measured(base: str,
     raw = parse_hlo_file(CORPUS / "torch_xla" / f"{base}.hlo")
     truth = json.loads(fixed_truth.read_text())
     mesh = Mesh(tuple(truth["mesh"]["shape"]), tuple(truth["mesh"]["axis_names"]))
-    plan, _ = make_plan(raw, mesh)
-    module = inline_calls(raw).module
-    options = PropagationOptions.from_module(raw)
-    before = simulate(module, options, mesh, None)
-    gradients = stacked_gradients(module, before.result)
-    every = [p for g in gradients if (p := pin_parameter(module, g)) is not None]
+    plan, _ = make_plan(prepare(raw, mesh=mesh))
+    prepared = prepare(raw, mesh=mesh)
+    before = simulate(prepared, None)
+    gradients = stacked_gradients(prepared.module, before.result)
+    every = [p for g in gradients if (p := pin_parameter(prepared.module, g)) is not None]
     assert len(every) == len(gradients) > 0
-    after = simulate(apply_placements(module, every), options, mesh, None)
+    after = simulate(reprepare(prepared, apply_placements(prepared.front, every)), None)
 
     ours = per_device_while_shapes(after)
     for xla in truth["xla_post_partition_while_shapes"]:
@@ -126,7 +125,7 @@ CONTROLS = [
 def test_controls_get_no_gradient_finding_and_no_placement_that_costs_memory(case: str) -> None:
     raw = parse_hlo_file(CORPUS / f"{case}.hlo")
     mesh = MESH if "fsdp8" not in case else Mesh.parse("fsdp=8,tp=1")
-    plan, _ = make_plan(raw, mesh)
+    plan, _ = make_plan(prepare(raw, mesh=mesh))
     assert [f for f in plan.findings if f.kind == "stacked-gradient"] == []
     assert plan.hbm.total_after <= plan.hbm.total_before
     for alt in plan.alternatives:
@@ -136,13 +135,17 @@ def test_controls_get_no_gradient_finding_and_no_placement_that_costs_memory(cas
 
 def test_mesh_that_does_not_fit_the_module_is_refused() -> None:
     with pytest.raises(ValueError, match=r"mesh fsdp=2,tp=2 has 4 devices but the module has num_partitions=8"):
-        make_plan(parse_hlo_file(CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"), Mesh.parse("fsdp=2,tp=2"))
+        make_plan(
+            prepare(parse_hlo_file(CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"), mesh=Mesh.parse("fsdp=2,tp=2"))
+        )
 
 
 @pytest.mark.xla
 def test_verify_mode_confirms_the_jax_plan_with_real_xla() -> None:
     """jaxlib's SPMD compile of the original and the patched module: gradients at their shard, memory drops."""
-    plan, _ = make_plan(parse_hlo_file(CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"), MESH, verify=True)
+    plan, _ = make_plan(
+        prepare(parse_hlo_file(CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"), mesh=MESH), verify=True
+    )
     v = plan.verification
     assert v is not None
     assert v.xla.startswith("jaxlib 0.7.1")

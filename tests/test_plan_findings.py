@@ -15,11 +15,11 @@ import pytest
 from conftest import CORPUS
 
 from planner import parse_hlo_file, parse_sharding
-from planner.hlo.inline import inline_calls
 from planner.hlo.loops import invariant_elements, while_loops
 from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
 from planner.plan.findings import buffer_findings
 from planner.plan.scan_pairs import reaches_output
+from planner.prepare import prepare
 from planner.propagation import propagate
 from planner.scanner import Cursor
 
@@ -65,8 +65,8 @@ CONTROLS = ("pinned", "fixed", "fsdp8")
 @pytest.mark.parametrize("truth_path", SCANS, ids=[p.name.split(".")[0] for p in SCANS])
 def test_every_oversized_stacked_gradient_is_reported(truth_path: Path) -> None:
     truth = json.loads(truth_path.read_text())
-    module = inline_calls(parse_hlo_file(truth_path.with_name(truth_path.name.split(".")[0] + ".hlo"))).module
-    result = propagate(module, inline=False)
+    prepared = prepare(parse_hlo_file(truth_path.with_name(truth_path.name.split(".")[0] + ".hlo")))
+    module, result = prepared.module, propagate(prepared)
     findings = {(f.loop, f.index): f for f in buffer_findings(module, result, 8) if f.kind == "stacked-gradient"}
     shards = _param_shard_bytes(truth)
     ours = [i for i in result.instructions if i.opcode == "while"]
@@ -95,8 +95,9 @@ def test_every_oversized_stacked_gradient_is_reported(truth_path: Path) -> None:
 
 
 def test_plain_loop_step_has_no_stacked_gradient_findings() -> None:
-    module = inline_calls(parse_hlo_file(CORPUS / "torch_xla" / "llama_loop_L4_fsdp4_tp2.hlo")).module
-    findings = buffer_findings(module, propagate(module, inline=False), 8)
+    prepared = prepare(parse_hlo_file(CORPUS / "torch_xla" / "llama_loop_L4_fsdp4_tp2.hlo"))
+    module = prepared.module
+    findings = buffer_findings(module, propagate(prepared), 8)
     assert [f for f in findings if f.kind == "stacked-gradient"] == []
 
 
@@ -109,12 +110,9 @@ def _is_gradient(module, loop_name: str, index: int) -> bool:
 
 def test_shard_group_conflict_in_llama_scan_is_reported_with_members() -> None:
     from planner.plan.groups import shard_group_conflicts
-    from planner.propagation import PropagationOptions
 
-    raw = parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo")
-    module = inline_calls(raw).module
-    options = PropagationOptions.from_module(raw)
-    conflicts = shard_group_conflicts(module, propagate(module, options, inline=False), options)
+    prepared = prepare(parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo"))
+    conflicts = shard_group_conflicts(prepared, propagate(prepared))
     assert [c.group for c in conflicts] == [1]
     (conflict,) = conflicts
     # q, k, v and o gradients with their weights: 8 members, two complete tilings that disagree.
@@ -138,8 +136,8 @@ def test_root_cause_is_the_weight_gradient_dot_dropping_fsdp(case: str) -> None:
     from planner.mesh import Mesh
     from planner.plan.root_cause import root_cause
 
-    module = inline_calls(parse_hlo_file(CORPUS / f"{case}.hlo")).module
-    result = propagate(module, inline=False)
+    prepared = prepare(parse_hlo_file(CORPUS / f"{case}.hlo"))
+    module, result = prepared.module, propagate(prepared)
     gradients = [f for f in buffer_findings(module, result, 8) if f.kind == "stacked-gradient"]
     assert gradients
     for finding in gradients:

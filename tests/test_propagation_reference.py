@@ -11,6 +11,8 @@ from conftest import CORPUS, xla_cases
 from reference import case_met, jax_agreement, torch_xla_agreement, xla_case_results
 
 from fidelity.agreement import while_shape_mismatches
+from planner import parse_hlo_file
+from planner.prepare import prepare
 
 TORCH_XLA = sorted(CORPUS.glob("torch_xla/*.truth.json"))
 JAX = sorted(CORPUS.glob("jax/*.xla.json"))
@@ -53,7 +55,7 @@ WHILE_CASES = [(p, p.with_name(stem(p) + ".hlo"), "xla_post_partition_while_shap
 def test_while_tuple_shapes_from_user_facing_dump(truth: Path, hlo: Path, key: str) -> None:
     """From the module as dumped (calls not inlined), every While element's per-device shape is XLA's."""
     whiles = json.loads(truth.read_text())[key]
-    compared, misses = while_shape_mismatches(hlo, whiles)
+    compared, misses = while_shape_mismatches(prepare(parse_hlo_file(hlo)), whiles)
     assert misses == []
     # Every element of every loop was compared.
     assert compared == sum(len(LEAF.findall(w["shape"])) for w in whiles)

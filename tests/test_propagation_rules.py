@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner import parse_hlo, parse_sharding
+from planner.prepare import prepare
 from planner.propagation import PropagationOptions, propagate
 
 SPMD = PropagationOptions(is_spmd=True)
@@ -21,7 +22,7 @@ ENTRY e {
 }
 """
     )
-    result = propagate(module, SPMD)
+    result = propagate(prepare(module, options=SPMD, pass_input=True))
     assert "k" in result.unknown and "MyKernel" in result.unknown["k"]
     assert result.sharding("k") is None  # not partitionable in XLA without a partitioner: no guess
 
@@ -39,7 +40,7 @@ ENTRY e {
 """
     )
     options = PropagationOptions(is_spmd=True, allow_to_output=(True,))
-    result = propagate(module, options)
+    result = propagate(prepare(module, options=options, pass_input=True))
     # From a: rows in 4, its contracted 2-way split turns into replicas -> [4,1,2] replicated.
     # From b: columns in 4 -> [1,4,2] replicated. b is the larger operand and wins; the two
     # cannot combine (4x4 tiles on 8 devices), so a's row split is dropped.
@@ -61,7 +62,7 @@ ENTRY e {
 }
 """
     )
-    result = propagate(module, SPMD)
+    result = propagate(prepare(module, options=SPMD, pass_input=True))
     assert result.sharding("a") == result.sharding("b") == parse_sharding("{devices=[4,2]<=[8]}")
 
 
@@ -85,7 +86,7 @@ ENTRY e {
         PlanningError,
         match=r"did not reach a fixed point in 1 iterations .*'n' \(negate in computation 'e', line 5\) kept changing, last to \{devices=\[4,2\]<=\[8\]\}",
     ):
-        propagate(module, SPMD)
+        propagate(prepare(module, options=SPMD, pass_input=True))
 
 
 def test_opcodes_without_a_rule_parse_and_are_left_unknown_with_a_reason() -> None:
@@ -103,7 +104,7 @@ ENTRY e {
 }
 """
     )
-    result = propagate(module, SPMD)
+    result = propagate(prepare(module, options=SPMD, pass_input=True))
     assert result.unknown == {
         "bn": "no propagation rule for batch-norm-training",
         "cs": "no propagation rule for copy-start",

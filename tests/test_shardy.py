@@ -15,6 +15,7 @@ from planner.errors import HloParseError
 from planner.hlo.frontend_attributes import FrontendAttributes
 from planner.hlo.shardy_import import module_mesh, partitioner_of, resolve_mesh, to_gspmd
 from planner.mesh import Mesh
+from planner.prepare import prepare
 from planner.propagation import propagate
 from planner.sharding import parse_sharding
 from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, parse_meshes, to_hlo_sharding
@@ -178,7 +179,7 @@ def test_gspmd_forms_already_written_are_kept() -> None:
 
 
 def test_sdy_only_module_propagates() -> None:
-    result = propagate(parse_hlo(MODULE))
+    result = propagate(prepare(parse_hlo(MODULE)))
     assert result.sharding("n") == parse_sharding("{devices=[4,2]<=[8]}")
 
 

@@ -9,6 +9,7 @@ from planner.hlo.parser import parse_hlo_file
 from planner.mesh import Mesh
 from planner.plan.planner import PIN_EVERY_PARAMETER, make_plan
 from planner.plan.verdict import verdict
+from planner.prepare import prepare
 
 MIB = 1 << 20
 
@@ -16,7 +17,7 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def plan():
     plan, _ = make_plan(
-        parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"), capacity_bytes=32 << 30, chip_name="v6e"
+        prepare(parse_hlo_file(DEFAULT_DUMP), "v6e", Mesh.parse("fsdp=4,tp=2")), capacity_bytes=32 << 30
     )
     return plan
 

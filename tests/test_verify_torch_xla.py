@@ -22,6 +22,7 @@ from planner.hlo.proto_ids import decode, separate_computation_ids
 from planner.mesh import Mesh
 from planner.plan.planner import make_plan
 from planner.plan.verify import compile_with_torch_xla
+from planner.prepare import prepare
 
 TORCH_XLA = CORPUS / "torch_xla"
 TRUTHS = sorted(TORCH_XLA.glob("*.truth.json"))
@@ -49,7 +50,7 @@ def test_verify_on_the_bundled_torch_xla_dump_agrees_with_torch_xla() -> None:
     """The README's worked example: XLA's before is torch_xla's run; the saving is the `_fixed` run's, within 20%."""
     base = json.loads((TORCH_XLA / "llama_scan_L8_fsdp4_tp2.truth.json").read_text())
     fixed = json.loads((TORCH_XLA / "llama_scan_L8_fsdp4_tp2_fixed.truth.json").read_text())
-    plan, _ = make_plan(parse_hlo_file(DEFAULT_DUMP), Mesh.parse("fsdp=4,tp=2"), verify=True, chip_name="v6e")
+    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), "v6e", Mesh.parse("fsdp=4,tp=2")), verify=True)
     v = plan.verification
     assert v is not None and plan.verification_skipped is None
     assert v.frontend == "torch_xla" and v.xla.startswith("torch_xla 2.9.0")
@@ -68,10 +69,8 @@ def test_verify_on_the_bundled_torch_xla_dump_agrees_with_torch_xla() -> None:
 def test_verify_on_a_jax_dump_for_v6e_compiles_with_xla_tpu_too() -> None:
     pytest.importorskip("libtpu")
     plan, _ = make_plan(
-        parse_hlo_file(CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"),
-        Mesh.parse("fsdp=4,tp=2"),
+        prepare(parse_hlo_file(CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"), "v6e", Mesh.parse("fsdp=4,tp=2")),
         verify=True,
-        chip_name="v6e",
     )
     v = plan.verification
     assert v is not None and v.frontend == "jax" and v.tpu is not None

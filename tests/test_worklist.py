@@ -20,6 +20,7 @@ from fidelity.cases import CI_SUBSET, NEXT_STEP_CASES
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo, parse_hlo_file
 from planner.plan.planner import make_plan
+from planner.prepare import prepare
 from planner.propagation import PropagationOptions, PropagationResult, propagate
 from planner.propagation.driver import WORKLIST_VARIABLE
 
@@ -49,10 +50,10 @@ def _propagated(
 
 @pytest.mark.parametrize("hlo", STEPS, ids=[p.name for p in STEPS])
 def test_worklist_propagates_each_step_as_the_full_sweep(monkeypatch: pytest.MonkeyPatch, hlo: Path) -> None:
-    module = parse_hlo_file(hlo)
-    full = _propagated(monkeypatch, "off", lambda: propagate(module))
-    assert _propagated(monkeypatch, "check", lambda: propagate(module)) == full
-    assert _propagated(monkeypatch, "on", lambda: propagate(module)) == full
+    prepared = prepare(parse_hlo_file(hlo))
+    full = _propagated(monkeypatch, "off", lambda: propagate(prepared))
+    assert _propagated(monkeypatch, "check", lambda: propagate(prepared)) == full
+    assert _propagated(monkeypatch, "on", lambda: propagate(prepared)) == full
 
 
 def test_worklist_propagates_xla_test_cases_as_the_full_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +64,7 @@ def test_worklist_propagates_xla_test_cases_as_the_full_sweep(monkeypatch: pytes
         options = PropagationOptions(
             case["is_spmd"], tuple(case["allow_to_output"]), tuple(case["allow_to_parameters"])
         )
-        run = functools.partial(propagate, module, options, inline=False)
+        run = functools.partial(propagate, prepare(module, options=options, pass_input=True))
         full = _propagated(monkeypatch, "off", run)
         assert _propagated(monkeypatch, "check", run) == full, case["name"]
 
@@ -72,9 +73,9 @@ def test_worklist_propagates_xla_test_cases_as_the_full_sweep(monkeypatch: pytes
 def test_every_plan_predicts_what_full_re_propagation_predicts(monkeypatch: pytest.MonkeyPatch, hlo: Path) -> None:
     module = parse_hlo_file(hlo)
     monkeypatch.setenv(WORKLIST_VARIABLE, "off")
-    full, full_patched = make_plan(module)
+    full, full_patched = make_plan(prepare(module))
     monkeypatch.setenv(WORKLIST_VARIABLE, "on")
-    plan, patched = make_plan(module)
+    plan, patched = make_plan(prepare(module))
     assert plan.model_dump() == full.model_dump()
     assert patched == full_patched
 
@@ -85,16 +86,17 @@ def test_generated_references_propagate_and_plan_as_the_full_sweep(
     monkeypatch: pytest.MonkeyPatch, references: dict[str, Path], name: str
 ) -> None:
     module = parse_hlo_file(references[name])
-    full = _propagated(monkeypatch, "off", lambda: propagate(module))
-    assert _propagated(monkeypatch, "check", lambda: propagate(module)) == full
+    prepared = prepare(module)
+    full = _propagated(monkeypatch, "off", lambda: propagate(prepared))
+    assert _propagated(monkeypatch, "check", lambda: propagate(prepared)) == full
     monkeypatch.setenv(WORKLIST_VARIABLE, "off")
-    full_plan, _ = make_plan(module)
+    full_plan, _ = make_plan(prepare(module))
     monkeypatch.setenv(WORKLIST_VARIABLE, "on")
-    plan, _ = make_plan(module)
+    plan, _ = make_plan(prepare(module))
     assert plan.model_dump() == full_plan.model_dump()
 
 
 def test_an_unknown_worklist_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(WORKLIST_VARIABLE, "sometimes")
     with pytest.raises(ValueError, match="SPMD_PLANNER_WORKLIST='sometimes': expected on, off or check"):
-        propagate(parse_hlo_file(STEPS[0]))
+        propagate(prepare(parse_hlo_file(STEPS[0])))

@@ -12,8 +12,8 @@ from planner.cli.arguments import add_module_mesh_and_capacity, capacity_of, sou
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.memory import memory_report, render_memory
-from planner.memory.backends import BACKENDS
-from planner.mesh_check import mesh_warnings
+from planner.passes import Preparation
+from planner.targets import BACKENDS
 
 
 def register(sub: Any) -> None:
@@ -37,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Like `plan --chip`: a chip preset predicts that chip's compiler unless --backend says otherwise.
         backend = args.backend or args.chip or "cpu"
-        report = memory_report(module, args.mesh, capacity_of(args), args.top, backend=backend)
+        prepared = Preparation(backend, args.mesh).apply(module)
+        report = memory_report(prepared, capacity_of(args), args.top)
     except ValueError as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2
-    for warning in mesh_warnings(module, args.mesh):
+    for warning in prepared.warnings:
         print(f"spmd-planner: warning: {warning}", file=sys.stderr)
     print(json.dumps(report.to_json(), indent=1) if args.json else render_memory(report))
     return 0

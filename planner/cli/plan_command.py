@@ -14,10 +14,10 @@ from planner.cli.arguments import add_module_mesh_and_capacity, bytes_arg, capac
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.printer import print_module
+from planner.passes import Planning, Preparation
 from planner.plan.chip_groups import chip_groups
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
-from planner.plan.planner import make_plan
 from planner.units import format_bytes
 
 # Chip groups with distinct numbers printed one per line; the rest are counted.
@@ -50,16 +50,9 @@ def run(args: argparse.Namespace) -> int:
     module = parse_hlo(read_hlo_text(path), source=source_name(path))
     capacity = capacity_of(args)
     manifest = read_manifest(args.manifest) if args.manifest else None
-    plan, patched = make_plan(
-        module,
-        args.mesh,
-        capacity,
-        threshold=args.threshold,
-        min_bytes=args.min_bytes,
-        manifest=manifest,
-        verify=args.verify,
-        chip_name=args.chip,
-    )
+    # A chip preset predicts that chip's compiler (its pipeline and its memory); without one, XLA:CPU's.
+    prepared = Preparation(args.chip or "cpu", args.mesh).apply(module)
+    plan, patched = Planning(capacity, args.threshold, args.min_bytes, manifest, args.verify).apply(prepared)
     if args.write_patched:
         try:
             args.write_patched.write_text(print_module(patched))

@@ -1,4 +1,4 @@
-"""`spmd-planner propagate FILE [--json] [--explain NAME]`: simulate GSPMD propagation."""
+"""`spmd-planner propagate FILE [--backend cpu|v6e|...] [--json] [--explain NAME]`: simulate GSPMD propagation."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 from planner.cli.arguments import add_module_file, source_name
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
-from planner.propagation import PropagationOptions, PropagationResult, propagate
+from planner.passes import Preparation, ShardingPropagation
+from planner.propagation import PropagationOptions, PropagationResult
+from planner.targets import BACKENDS
 
 
 def register(sub: Any) -> None:
@@ -22,6 +24,13 @@ def register(sub: Any) -> None:
                    help="propagate to outputs, one flag or one per output (e.g. true or true,false); "
                    "default: the module header's allow_spmd_sharding_propagation_to_output")  # fmt: skip
     p.add_argument("--allow-parameters", type=_bools, metavar="BOOLS", help="likewise for entry parameters")
+    p.add_argument(
+        "--backend",
+        default="cpu",
+        choices=list(BACKENDS),
+        help="whose pipeline prepares the module: cpu (XLA:CPU) or a chip preset (its XLA:TPU's passes run first; "
+        "instructions those passes remove or add are absent or new); default cpu",
+    )
     p.add_argument("--json", action="store_true", help="print {instruction: sharding} as JSON")
     p.add_argument("--explain", metavar="NAME", help="print the chain of decisions behind one instruction's sharding")
     p.set_defaults(run=run)
@@ -43,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         options = PropagationOptions(options.is_spmd, args.allow_output, options.allow_to_parameters)
     if args.allow_parameters is not None:
         options = PropagationOptions(options.is_spmd, options.allow_to_output, args.allow_parameters)
-    result = propagate(module, options)
+    result = ShardingPropagation().apply(Preparation(args.backend, options=options).apply(module))
     if args.explain:
         return _explain(result, args.explain)
     if args.json:

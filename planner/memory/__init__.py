@@ -1,7 +1,8 @@
 """Per-device memory: buffers, liveness, HBM per chip."""
 
 from planner.memory.chips import CHIPS, Chip, chip, parse_bytes
-from planner.memory.model import MemoryEstimate, MemoryEstimation, estimate_memory
+from planner.memory.estimation import MemoryEstimation, estimate_memory, memory_timeline
+from planner.memory.model import MemoryEstimate
 from planner.memory.report import MemoryReport, memory_report, render_memory
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "chip",
     "estimate_memory",
     "memory_report",
+    "memory_timeline",
     "parse_bytes",
     "render_memory",
 ]

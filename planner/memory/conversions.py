@@ -10,9 +10,9 @@ from __future__ import annotations
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
 from planner.hlo.shapes import ArrayShape
-from planner.memory.backends import Backend
 from planner.memory.buffers import Value, array_leaves, leaf_shardings, per_device_bytes, sharding_of
 from planner.propagation import PropagationResult
+from planner.targets import Backend
 
 # Ops that move or relabel a value's elements without computing on them.
 _LAYOUT_OPS = frozenset({"reshape", "bitcast", "transpose", "copy"})

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 
 from planner.hlo.ir import Computation, HloModule
 from planner.hlo.shapes import ArrayShape, TupleShape
-from planner.memory.backends import Backend
-from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import (
     Buffer,
     Value,
@@ -31,6 +29,8 @@ from planner.memory.values import ValueModel
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
+from planner.targets import Backend
+from planner.targets import backend as backend_of
 
 
 @dataclass
@@ -55,18 +55,7 @@ class MemoryEstimate:
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
 
-@dataclass(frozen=True)
-class MemoryEstimation:
-    """The memory pass as a value (see `planner.passes`): per-device bytes of a propagated, inlined module."""
-
-    mesh: Mesh | None = None
-    target: str = "cpu"  # XLA:CPU, or a chip preset for that chip's XLA:TPU
-
-    def apply(self, module: HloModule, result: PropagationResult) -> MemoryEstimate:
-        return estimate_memory(module, result, self.mesh, self.target)
-
-
-def estimate_memory(
+def estimate_module(
     module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
 ) -> MemoryEstimate:
     backend = backend_of(target)

@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from planner.chip_labels import chips_text
-from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
-from planner.hlo.loops import while_loops
-from planner.hlo.shardy_import import resolve_mesh, to_gspmd
-from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import Buffer, array_leaves, leaf_shardings, per_device_bytes, sharding_of
-from planner.memory.model import MemoryEstimate, estimate_memory
-from planner.mesh import Mesh
-from planner.propagation import PropagationOptions, PropagationResult, propagate
+from planner.memory.estimation import estimate_memory
+from planner.memory.model import MemoryEstimate
+from planner.prepare import PreparedModule
+from planner.propagation import PropagationResult, propagate
+from planner.targets import backend as backend_of
 from planner.units import format_bytes
 
 
@@ -96,42 +94,20 @@ class MemoryReport:
 
 
 def memory_report(
-    module: HloModule,
-    mesh: Mesh | None = None,
+    prepared: PreparedModule,
     capacity_bytes: int | None = None,
     top: int = 10,
     result: PropagationResult | None = None,
-    options: PropagationOptions | None = None,
-    backend: str = "cpu",
+    estimate: MemoryEstimate | None = None,
 ) -> MemoryReport:
-    """Inline calls, propagate shardings (unless given), and size every chip.
+    """Size every chip of the prepared module for its target (propagating first unless `result` is given).
 
-    `options` default to the module header's, as XLA's compile takes them. `backend` is "cpu" for
-    XLA:CPU, or a chip preset (v6e, v5p, ...) for the compiler that chip runs.
+    The target is `cpu` for XLA:CPU, or a chip preset (v6e, v5p, ...) for the compiler that chip
+    runs; `estimate`, when given, is `estimate_memory(prepared, result)` already made.
     """
-    mesh = resolve_mesh(module, mesh)
-    inlined = inline_calls(to_gspmd(module)).module
-    if result is None:
-        result = propagate(inlined, options or PropagationOptions.from_module(module), inline=False)
-    partitions = module.attr("num_partitions")
-    if mesh is not None and partitions is not None and partitions != mesh.num_devices:
-        raise ValueError(f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has "
-                         f"num_partitions={partitions}")  # fmt: skip
-    return report_from_estimate(inlined, result, estimate_memory(inlined, result, mesh, backend), mesh,
-                                capacity_bytes, top, backend)  # fmt: skip
-
-
-def report_from_estimate(
-    module: HloModule,
-    result: PropagationResult,
-    estimate: MemoryEstimate,
-    mesh: Mesh | None,
-    capacity_bytes: int | None,
-    top: int = 10,
-    backend: str = "cpu",
-) -> MemoryReport:
-    """The report of an estimate already made (`estimate_memory` on this inlined module, result and backend)."""
-    return _report(module, estimate, mesh, capacity_bytes, top, backend, _unmodelled(module, result))
+    result = result if result is not None else propagate(prepared)
+    estimate = estimate if estimate is not None else estimate_memory(prepared, result)
+    return _report(prepared, estimate, capacity_bytes, top, _unmodelled(prepared.module, result))
 
 
 def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelled, ...]:
@@ -161,15 +137,14 @@ def error_band(compiler: str) -> ErrorBand | None:
 
 
 def _report(
-    module: HloModule,
+    prepared: PreparedModule,
     estimate: MemoryEstimate,
-    mesh: Mesh | None,
     capacity: int | None,
     top: int,
-    backend: str,
     unmodelled: tuple[Unmodelled, ...],
 ) -> MemoryReport:
-    trips = {loop.name: loop.trip_count for loop in while_loops(module)}
+    trips = {loop.name: loop.trip_count for loop in prepared.loops}
+    mesh, backend = prepared.mesh, prepared.target.name
 
     def stacked(b: Buffer) -> bool:
         count = trips.get(b.loop) if b.loop else None
@@ -212,7 +187,7 @@ def _report(
         top_buffers=lines,
         backend=backend,
         unmodelled=unmodelled,
-        error_band=error_band(backend_of(backend).compiler),
+        error_band=error_band(prepared.compiler),
     )
 
 

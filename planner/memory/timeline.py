@@ -27,18 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.hlo.inline import inline_calls
 from planner.hlo.ir import Computation, HloModule
 from planner.hlo.loops import while_loops
-from planner.hlo.shardy_import import to_gspmd
-from planner.memory.backends import Backend
-from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import Buffer
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import widened_bytes
-from planner.memory.model import MemoryEstimate, estimate_memory
-from planner.mesh import Mesh
+from planner.memory.model import MemoryEstimate
 from planner.propagation import PropagationResult
+from planner.targets import Backend
+from planner.targets import backend as backend_of
 
 # Long computations are cut to about this many points: the smallest and the largest value of each
 # stretch of program order, so the line keeps its dips, its peaks and the peak itself.
@@ -60,21 +57,10 @@ class Timeline:
         return self.live_bytes[self.peak_index]
 
 
-def memory_timeline(
-    module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
-) -> list[Timeline]:
-    """The entry's timeline, then one per While body of the entry; `result` propagated as `memory_report`'s.
-
-    The module is read as `memory_report` reads it (Shardy attributes as GSPMD's, calls inlined).
-    """
-    inlined = inline_calls(to_gspmd(module)).module
-    return timelines(inlined, result, estimate_memory(inlined, result, mesh, target), target)
-
-
 def timelines(
     module: HloModule, result: PropagationResult, estimate: MemoryEstimate, target: str | Backend = "cpu"
 ) -> list[Timeline]:
-    """Read `estimate` (made by `estimate_memory` from the same module, result and target) as timelines."""
+    """Read `estimate` (made by `estimate_module` from the same module, result and target) as timelines."""
     backend = backend_of(target)
     entry = module.entry
     live = _live(len(entry.instructions), [(b.start, b.end, b.size_bytes) for b in _entry_temporaries(estimate)])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.hlo.ir import HloModule
+from planner.prepare import PreparedModule
 from planner.propagation import PropagationOptions, PropagationResult, propagate
 
 
@@ -35,9 +35,9 @@ class ShardGroupConflict:
         return sorted({m.wanted for m in self.members})
 
 
-def shard_group_conflicts(
-    module: HloModule, result: PropagationResult, options: PropagationOptions
-) -> list[ShardGroupConflict]:
+def shard_group_conflicts(prepared: PreparedModule, result: PropagationResult) -> list[ShardGroupConflict]:
+    """The groups of `prepared` (propagated as `result`) whose members want different complete tilings."""
+    module, options = prepared.module, prepared.options
     groups: dict[int, list[str]] = {}
     for comp in module.computations:
         for inst in comp.instructions:
@@ -47,9 +47,8 @@ def shard_group_conflicts(
     if not groups:
         return []
     alone = propagate(
-        module,
+        prepared,
         PropagationOptions(options.is_spmd, options.allow_to_output, options.allow_to_parameters, shard_groups=False),
-        inline=False,
     )
     conflicts = []
     for gid, names in sorted(groups.items()):

@@ -43,10 +43,10 @@ from planner.hlo.ir import HloModule
 from planner.hlo.loops import WhileLoop, invariant_elements
 from planner.hlo.shapes import ArrayShape
 from planner.memory import memory_report
-from planner.memory.backends import backend as backend_of
 from planner.memory.buffers import array_leaves, leaf_shardings, per_device_bytes
 from planner.memory.conversions import widened_bytes
-from planner.memory.model import MemoryEstimate, estimate_memory
+from planner.memory.estimation import estimate_memory
+from planner.memory.model import MemoryEstimate
 from planner.mesh import Mesh
 from planner.plan.model import NextStepInfo, PeakHolderInfo
 from planner.plan.peak_holders import (
@@ -59,7 +59,8 @@ from planner.plan.peak_holders import (
 )
 from planner.plan.remesh import axis_layout, remesh_module
 from planner.plan.scan_pairs import StackedGradient
-from planner.propagation import PropagationOptions, PropagationResult, propagate
+from planner.prepare import PreparedModule, reprepare
+from planner.propagation import PropagationResult
 from planner.units import format_bytes
 
 FSDP_AXES = ("fsdp", "data")  # the axis more chips go on: fsdp, or data parallel when there is no fsdp
@@ -70,23 +71,27 @@ MAX_BATCH_DIVISOR = 64
 
 @dataclass(frozen=True)
 class Step:
-    """The plan's result: the module with its placements, propagated, and how it is sized."""
+    """The plan's result: its prepared module with the placements, propagated, and the chip it must fit."""
 
-    module: HloModule
+    prepared: PreparedModule
     result: PropagationResult
-    mesh: Mesh | None
     capacity_bytes: int
-    backend: str
-    options: PropagationOptions
+
+    @property
+    def module(self) -> HloModule:
+        return self.prepared.module
+
+    @property
+    def mesh(self) -> Mesh | None:
+        return self.prepared.mesh
 
     def estimate(self) -> MemoryEstimate:
-        return estimate_memory(self.module, self.result, self.mesh, self.backend)
+        return estimate_memory(self.prepared, self.result)
 
-    def simulate(self, module: HloModule, mesh: Mesh) -> int:
-        """HBM per chip of `module` on `mesh`: propagation and the memory model, run again."""
-        result = propagate(module, self.options, inline=False)
-        report = memory_report(module, mesh, self.capacity_bytes, result=result, backend=self.backend)
-        return report.peak_chip_bytes
+    def simulate(self, front: HloModule, mesh: Mesh) -> int:
+        """HBM per chip of a changed step (`front`, the module before the target's passes, on `mesh`)."""
+        changed = reprepare(self.prepared, front, mesh)
+        return memory_report(changed, self.capacity_bytes).peak_chip_bytes
 
 
 def beyond_sharding(
@@ -207,7 +212,7 @@ def _new_layer_residual_bytes(
     step: Step, estimate: MemoryEstimate, saved: list[SavedActivation], backward: WhileLoop | None, trips: int
 ) -> int:
     """One layer's slice of every saved residual, less what the backward body already materialises as slices."""
-    backend = backend_of(step.backend)
+    backend = step.prepared.target
     sliced = _materialised_slices(step.module, estimate, backward, saved) if backward is not None else {}
     total = 0
     for s in saved:
@@ -261,7 +266,7 @@ def predict_more_fsdp_chips(step: Step, factor: int) -> int:
     if mesh is None or axis is None:
         raise ValueError("more chips on the FSDP axis needs a mesh with an fsdp (or data) axis")
     bigger = grown_mesh(mesh, axis, factor)
-    return step.simulate(remesh_module(step.module, mesh, bigger), bigger)
+    return step.simulate(remesh_module(step.prepared.front, mesh, bigger), bigger)
 
 
 def more_fsdp_chips(step: Step, now: int) -> NextStepInfo:
@@ -345,11 +350,11 @@ def predict_smaller_microbatch(step: Step, divisor: int) -> int:
     mesh = step.mesh
     if mesh is None:
         raise ValueError("a smaller microbatch needs the mesh the batch is split over")
-    inputs = batch_inputs(step.module, mesh)
+    inputs = batch_inputs(step.prepared.front, mesh)
     if not inputs:
         raise ValueError("no batch input: no entry parameter is split on dim 0 over fsdp or data")
     split_mesh = microbatch_mesh(mesh, divisor)
-    module = remesh_module(step.module, mesh, split_mesh, {name: (0, MICROBATCH_AXIS) for name in inputs})
+    module = remesh_module(step.prepared.front, mesh, split_mesh, {name: (0, MICROBATCH_AXIS) for name in inputs})
     return step.simulate(module, split_mesh)
 
 
@@ -358,7 +363,7 @@ def smaller_microbatch(step: Step) -> NextStepInfo:
     mesh = step.mesh
     if mesh is None:
         raise ValueError("no mesh given: the batch's split is unknown")
-    inputs = batch_inputs(step.module, mesh)
+    inputs = batch_inputs(step.prepared.front, mesh)
     if not inputs:
         raise ValueError("no batch input: no entry parameter without a same-shaped output is split on dim 0 "
                          "over fsdp or data")  # fmt: skip

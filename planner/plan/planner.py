@@ -20,18 +20,13 @@ from dataclasses import asdict, dataclass
 
 from planner.errors import Unverifiable
 from planner.gc_pause import collection_paused
-from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
-from planner.hlo.loops import while_loops
 from planner.hlo.shapes import ArrayShape
-from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh, to_gspmd
-from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report
-from planner.memory.backends import tpu_topology
+from planner.hlo.shardy_import import SHARDY, partitioner_of
+from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report, memory_timeline
 from planner.memory.buffers import leaf_shardings, per_device_bytes
-from planner.memory.report import BufferLine, report_from_estimate
-from planner.memory.timeline import timelines
+from planner.memory.report import BufferLine
 from planner.mesh import Mesh
-from planner.mesh_check import mesh_warnings
 from planner.plan.findings import Finding, buffer_findings
 from planner.plan.groups import shard_group_conflicts
 from planner.plan.manifest import Manifest
@@ -58,9 +53,11 @@ from planner.plan.scan_pairs import stacked_gradients
 from planner.plan.verdict import verdict
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
-from planner.propagation import PropagationOptions, PropagationResult, ShardingPropagation
+from planner.prepare import PreparedModule, prepare, reprepare
+from planner.propagation import PropagationResult, ShardingPropagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding
+from planner.targets import tpu_topology
 from planner.units import format_bytes
 
 PIN_EVERY_PARAMETER = "pin every scanned parameter and its gradient"
@@ -68,104 +65,90 @@ PIN_EVERY_PARAMETER = "pin every scanned parameter and its gradient"
 
 @dataclass(frozen=True)
 class Simulation:
-    """A module with its propagated shardings and predicted memory."""
+    """A prepared module with its propagated shardings and predicted memory."""
 
-    module: HloModule
+    prepared: PreparedModule
     result: PropagationResult
     memory: MemoryReport
     estimate: MemoryEstimate  # what `memory` reports, kept for the timeline
+
+    @property
+    def module(self) -> HloModule:
+        """The module propagation saw."""
+        return self.prepared.module
 
     @property
     def total(self) -> int:
         return self.memory.total_bytes
 
 
-def simulate(
-    module: HloModule,
-    options: PropagationOptions,
-    mesh: Mesh | None,
-    capacity_bytes: int | None,
-    backend: str = "cpu",
-) -> Simulation:
-    """`module` already inlined and read as GSPMD (make_plan's), `mesh` resolved and checked against it."""
-    result = ShardingPropagation(options, inline=False).apply(module)
-    estimate = MemoryEstimation(mesh, backend).apply(module, result)
-    memory = report_from_estimate(module, result, estimate, mesh, capacity_bytes, backend=backend)
-    return Simulation(module, result, memory, estimate)
+def simulate(prepared: PreparedModule, capacity_bytes: int | None) -> Simulation:
+    """Propagate the prepared module and size it for its target."""
+    result = ShardingPropagation().apply(prepared)
+    estimate = MemoryEstimation().apply(prepared, result)
+    memory = memory_report(prepared, capacity_bytes, result=result, estimate=estimate)
+    return Simulation(prepared, result, memory, estimate)
 
 
 @dataclass(frozen=True)
 class Planning:
     """The planning pass as a value (see `planner.passes`): `make_plan`'s options are its fields."""
 
-    mesh: Mesh | None = None
     capacity_bytes: int | None = None
-    options: PropagationOptions | None = None
     threshold: float = 1.5
     min_bytes: int = 1 << 20
     manifest: Manifest | None = None
     verify: bool = False
-    chip_name: str | None = None
 
-    def apply(self, module: HloModule) -> tuple[Plan, HloModule]:
-        return make_plan(module, self.mesh, self.capacity_bytes, self.options, self.threshold, self.min_bytes,
-                         self.manifest, self.verify, self.chip_name)  # fmt: skip
+    def apply(self, prepared: PreparedModule) -> tuple[Plan, HloModule]:
+        return make_plan(prepared, self.capacity_bytes, self.threshold, self.min_bytes, self.manifest, self.verify)
 
 
 def make_plan(
-    module: HloModule,
-    mesh: Mesh | None = None,
+    prepared: PreparedModule,
     capacity_bytes: int | None = None,
-    options: PropagationOptions | None = None,
     threshold: float = 1.5,
     min_bytes: int = 1 << 20,
     manifest: Manifest | None = None,
     verify: bool = False,
-    chip_name: str | None = None,
 ) -> tuple[Plan, HloModule]:
-    """The plan for `module`, and the module patched with its recommended placements.
+    """The plan for the prepared module's target, and the module patched with its recommended placements.
 
-    With `verify`, real XLA compiles the original and the patched module (see `verify`): XLA:CPU,
-    and XLA:TPU too when `chip_name` is a TPU preset and libtpu is installed.
+    A chip preset as the target predicts that chip's compiler (XLA:TPU for a TPU chip); `cpu`
+    predicts XLA:CPU. With `verify`, real XLA compiles the original and the patched module (see
+    `verify`): XLA:CPU, and XLA:TPU too when the target is a TPU chip and libtpu is installed.
     """
     with collection_paused():
-        return _make_plan(module, mesh, capacity_bytes, options, threshold, min_bytes, manifest, verify, chip_name)
+        return _make_plan(prepared, capacity_bytes, threshold, min_bytes, manifest, verify)
 
 
 def _make_plan(
-    module: HloModule,
-    mesh: Mesh | None,
+    prepared: PreparedModule,
     capacity_bytes: int | None,
-    options: PropagationOptions | None,
     threshold: float,
     min_bytes: int,
     manifest: Manifest | None,
     verify: bool,
-    chip_name: str | None,
 ) -> tuple[Plan, HloModule]:
-    options = options or PropagationOptions.from_module(module)
-    warnings = mesh_warnings(module, mesh)
-    mesh = resolve_mesh(module, mesh)
-    _check_mesh(module, mesh)
+    module, mesh = prepared.source, prepared.mesh
     if manifest is not None:
         _check_manifest(module, manifest)
-    inlined = inline_calls(to_gspmd(module)).module
-    # Every chip preset names its compiler's backend; without one, XLA:CPU's (what --verify compiles).
-    backend = chip_name or "cpu"
-    before = simulate(inlined, options, mesh, capacity_bytes, backend)
+    chip_name = None if prepared.target.name == "cpu" else prepared.target.name
+    before = simulate(prepared, capacity_bytes)
+    seen = prepared.module
     num_devices = before.memory.num_devices
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
-    gradients = stacked_gradients(inlined, before.result, manifest, mesh)
-    findings = buffer_findings(inlined, before.result, num_devices, threshold, min_bytes, gradients=gradients)
-    names = name_table(inlined, manifest, gradients=gradients)
-    conflicts = shard_group_conflicts(inlined, before.result, options)
+    gradients = stacked_gradients(seen, before.result, manifest, mesh)
+    findings = buffer_findings(seen, before.result, num_devices, threshold, min_bytes, gradients=gradients)
+    names = name_table(seen, manifest, gradients=gradients)
+    conflicts = shard_group_conflicts(prepared, before.result)
 
-    pins = {g.key: p for g in gradients if (p := pin_parameter(inlined, g)) is not None}
+    pins = {g.key: p for g in gradients if (p := pin_parameter(seen, g)) is not None}
     # Candidates: gradients not already sharded like their parameter, and conflicting groups.
     candidates = [pins[g.key] for g in gradients if g.key in pins and g.sharding != g.ideal]
-    next_id = max_group_id(inlined) + 1
+    next_id = max_group_id(seen) + 1
     for conflict in conflicts:
-        split = split_group(inlined, conflict.group, next_id)
+        split = split_group(seen, conflict.group, next_id)
         if split is not None:
             candidates.append(split)
             next_id += len(split.annotations)
@@ -175,7 +158,7 @@ def _make_plan(
     def with_placements(chosen: list[Placement]) -> Simulation:
         key = frozenset(p.id for p in chosen)
         if key not in simulations:
-            simulations[key] = simulate(apply_placements(inlined, chosen), options, mesh, capacity_bytes, backend)
+            simulations[key] = simulate(reprepare(prepared, apply_placements(prepared.front, chosen)), capacity_bytes)
         return simulations[key]
 
     alone = {p.id: with_placements([p]).total for p in candidates}
@@ -213,7 +196,7 @@ def _make_plan(
             chosen, after = every, everything
             pin_every = True
 
-    patched = apply_placements(inlined, chosen)
+    patched = apply_placements(prepared.front, chosen)
     plan = Plan(
         module=module.name,
         num_partitions=module.attr("num_partitions"),
@@ -221,7 +204,7 @@ def _make_plan(
         partitioner=_partitioner_note(module),
         loops=_loops(before, after),
         hbm=HbmInfo(
-            backend=backend,
+            backend=prepared.target.name,
             capacity_bytes=capacity_bytes,
             per_chip_before={str(k): v for k, v in before.memory.per_chip_bytes.items()},
             per_chip_after={str(k): v for k, v in after.memory.per_chip_bytes.items()},
@@ -238,35 +221,37 @@ def _make_plan(
         ],
         placements=[_placement(p, alone.get(p.id), *verdicts[p.id], names=names) for p in candidates],
         alternatives=alternatives,
-        timeline_before=_timeline(before, mesh, backend),
-        timeline_after=_timeline(after, mesh, backend),
+        timeline_before=_timeline(before),
+        timeline_after=_timeline(after),
     )
-    plan.warnings = warnings
+    plan.warnings = list(prepared.warnings)
     plan.verdict = verdict(plan.hbm, plan.placements, PIN_EVERY_PARAMETER if pin_every else None, chip_name)
     if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
         # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
-        step = Step(after.module, after.result, mesh, capacity_bytes, backend, options)
+        step = Step(after.prepared, after.result, capacity_bytes)
         plan.peak_holders, plan.next_steps, plan.next_steps_unavailable = beyond_sharding(step, gradients)
     if verify:
         topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
         try:
             plan.verification = verify_with_xla(
-                module, patched, gradients, num_devices, _predicted(before, after, mesh, capacity_bytes), topology
+                module, patched, gradients, num_devices, _predicted(before, after, capacity_bytes), topology
             )
         except Unverifiable as e:
             plan.verification_skipped = str(e)
     return plan, patched
 
 
-def _predicted(before: Simulation, after: Simulation, mesh: Mesh | None, capacity_bytes: int | None) -> Predicted:
+def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None) -> Predicted:
     """Our numbers for the compilers verify asks: XLA:CPU always, and the chip's XLA:TPU when it is one."""
-    if before.memory.backend == "cpu":
+    if before.prepared.compiler == "cpu":
         return Predicted(before.total, after.total)
+    # XLA:CPU's own pipeline, on the same placements: what --verify's XLA:CPU compile partitions.
+    on_cpu = prepare(before.prepared.source, "cpu", before.prepared.mesh, before.prepared.options)
 
-    def on_cpu(sim: Simulation) -> int:
-        return memory_report(sim.module, mesh, capacity_bytes, result=sim.result, backend="cpu").total_bytes
+    def cpu_total(sim: Simulation) -> int:
+        return memory_report(reprepare(on_cpu, sim.prepared.front), capacity_bytes).total_bytes
 
-    return Predicted(on_cpu(before), on_cpu(after), before.total, after.total)
+    return Predicted(cpu_total(before), cpu_total(after), before.total, after.total)
 
 
 def _greedy(
@@ -310,14 +295,6 @@ def _partitioner_note(module: HloModule) -> str:
     return partitioner_of(module)
 
 
-def _check_mesh(module: HloModule, mesh: Mesh | None) -> None:
-    partitions = module.attr("num_partitions")
-    if mesh is not None and partitions is not None and partitions != mesh.num_devices:
-        raise ValueError(
-            f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has num_partitions={partitions}"
-        )
-
-
 def _check_manifest(module: HloModule, manifest: Manifest) -> None:
     root = module.entry.root
     count = len(root.operands) if root.opcode == "tuple" else 1
@@ -325,9 +302,9 @@ def _check_manifest(module: HloModule, manifest: Manifest) -> None:
         raise ValueError(f"the manifest names {len(manifest.outputs)} outputs but the module returns {count}")
 
 
-def _timeline(sim: Simulation, mesh: Mesh | None, backend: str) -> list[TimelineSeries]:
+def _timeline(sim: Simulation) -> list[TimelineSeries]:
     """Bytes live per device over program order, from the simulation's own memory model."""
-    return [TimelineSeries(**asdict(t)) for t in timelines(sim.module, sim.result, sim.estimate, backend)]
+    return [TimelineSeries(**asdict(t)) for t in memory_timeline(sim.prepared, sim.result, sim.estimate)]
 
 
 def _mb(n: int) -> str:
@@ -417,7 +394,7 @@ def _buffer(line: BufferLine, names: NameTable) -> BufferInfo:
 def per_device_while_shapes(sim: Simulation) -> dict[str, str]:
     """Each While's carried tuple per device, printed like XLA's partitioned module."""
     shapes = {}
-    for loop in while_loops(sim.module):
+    for loop in sim.prepared.loops:
         shardings = leaf_shardings(loop.instruction.shape, sim.result.sharding(loop.name))
         parts = []
         for leaf, s in zip(loop.instruction.shape.leaves(), shardings):
@@ -430,7 +407,7 @@ def per_device_while_shapes(sim: Simulation) -> dict[str, str]:
 def _loops(before: Simulation, after: Simulation) -> list[LoopInfo]:
     shapes_before, shapes_after = per_device_while_shapes(before), per_device_while_shapes(after)
     loops = []
-    for loop in while_loops(before.module):
+    for loop in before.prepared.loops:
         shardings = leaf_shardings(loop.instruction.shape, before.result.sharding(loop.name))
         carried = sum(per_device_bytes(leaf, s) for leaf, s in zip(loop.instruction.shape.leaves(), shardings))
         loops.append(

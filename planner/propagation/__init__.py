@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from planner.gc_pause import collection_paused
-from planner.hlo.inline import inline_calls
-from planner.hlo.ir import HloModule
-from planner.hlo.shardy_import import to_gspmd
 from planner.propagation.dot_dims import DotDims, dot_dims
 from planner.propagation.driver import Propagator
 from planner.propagation.graph import Provenance
 from planner.propagation.options import PropagationOptions
 from planner.sharding.hlo_sharding import HloSharding
+
+if TYPE_CHECKING:  # the prepare package imports this one's options
+    from planner.prepare import PreparedModule
 
 
 @dataclass(frozen=True)
@@ -111,22 +112,19 @@ class PropagationResult:
 class ShardingPropagation:
     """The propagation pass as a value (see `planner.passes`): its options are its fields."""
 
-    options: PropagationOptions | None = None  # None: the module header's, as XLA's compile takes them
-    inline: bool = True  # calls inlined first, as XLA sees them
+    options: PropagationOptions | None = None  # None: the prepared module's, as XLA's compile takes them
 
-    def apply(self, module: HloModule) -> PropagationResult:
-        return propagate(module, self.options, self.inline)
+    def apply(self, prepared: PreparedModule) -> PropagationResult:
+        return propagate(prepared, self.options)
 
 
-def propagate(module: HloModule, options: PropagationOptions | None = None, inline: bool = True) -> PropagationResult:
-    """Runs propagation on `module` as XLA would see it (calls inlined first, unless `inline=False`)."""
-    options = options if options is not None else PropagationOptions.from_module(module)
-    aliases: dict[str, str] = {}
-    if inline:
-        inlined = inline_calls(to_gspmd(module))
-        module, aliases = inlined.module, inlined.aliases
+def propagate(prepared: PreparedModule, options: PropagationOptions | None = None) -> PropagationResult:
+    """Runs propagation on the module the prepared module's compiler partitions (`planner.prepare`).
+
+    `options` replace the prepared module's (the shard-group check runs without groups).
+    """
     with collection_paused():
-        propagator = Propagator(module, options)
+        propagator = Propagator(prepared.module, options if options is not None else prepared.options)
         propagator.run()
     instructions = tuple(
         PropagatedInstruction(
@@ -141,9 +139,8 @@ def propagate(module: HloModule, options: PropagationOptions | None = None, inli
         )
         for n in propagator.graph.nodes()
     )
-    renamed = {**aliases, **propagator.renamed}
-    # An alias may point at a node that was itself renamed (a Sharding call turned copy).
-    renamed = {k: propagator.renamed.get(v, v) for k, v in renamed.items()}
+    # A retired name may point at a node that propagation itself renamed (a Sharding call turned copy).
+    renamed = {k: propagator.renamed.get(v, v) for k, v in {**prepared.aliases, **propagator.renamed}.items()}
     return PropagationResult(instructions, renamed)
 
 

@@ -1,6 +1,9 @@
-"""What differs between the compilers a step's memory is predicted for.
+"""The compilers a step is predicted for: which pipeline prepares the module, and what lands in memory.
 
-Propagation and buffers are the same everywhere; the backend decides what lands in memory:
+Each target names its compiler (`cpu`, `tpu`, `gpu`): `planner.prepare` runs that compiler's
+pre-partitioning pipeline before propagation, so the module propagated is the one that compiler's
+partitioner sees. Propagation's rules and the buffers are then the same everywhere; the target
+decides what lands in memory:
 - XLA:CPU has no bf16/f16 arithmetic: float normalization computes that work in f32, so a bf16
   temporary is held at f32 size (a value stored into a parameter, output or loop-carried buffer is
   converted back first).

@@ -1,0 +1,47 @@
+"""The passes every compiler runs before propagation: reading Shardy as GSPMD, and call inlining."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from planner.hlo.inline import inline_calls
+from planner.hlo.ir import HloModule
+from planner.hlo.shardy_import import SHARDY, partitioner_of, to_gspmd
+from planner.prepare.rewrite import Rewrite
+
+
+@dataclass(frozen=True)
+class ShardyImport:
+    """Shardy's attributes (`xla.sdy.*`) read as the GSPMD shardings the simulator's rules take.
+
+    Not a pass of either compiler: XLA exports Shardy's shardings to HloSharding only after Shardy
+    has propagated. Plans of Shardy modules say they are simulated with GSPMD's rules.
+    """
+
+    NAME: ClassVar[str] = "shardy-import"
+    MIRRORS: ClassVar[str] = "planner.hlo.shardy_import (Shardy's sdy attributes in HloSharding terms)"
+
+    def run(self, module: HloModule) -> Rewrite:
+        if partitioner_of(module) != SHARDY:
+            return Rewrite(module)
+        return Rewrite(to_gspmd(module), summary="Shardy shardings read as GSPMD's")
+
+
+@dataclass(frozen=True)
+class CallInlining:
+    """Every `call` inlined, as XLA's CallInliner does before either compiler propagates."""
+
+    NAME: ClassVar[str] = "call-inliner"
+    MIRRORS: ClassVar[str] = "xla/service/call_inliner.cc"
+
+    def run(self, module: HloModule) -> Rewrite:
+        inlined = inline_calls(module)
+        if inlined.module is module:
+            return Rewrite(module)
+        calls = sum(1 for name in inlined.aliases if "@" not in name and name in _call_names(module))
+        return Rewrite(inlined.module, inlined.aliases, f"{calls} calls inlined")
+
+
+def _call_names(module: HloModule) -> set[str]:
+    return {inst.name for comp in module.computations for inst in comp if inst.opcode == "call"}

@@ -1,0 +1,149 @@
+"""One pre-partitioning pipeline per compiler, as lists of pass values, and `prepare`, which runs one.
+
+XLA:CPU runs little before it propagates (flatten-call-graph, call-inliner, zero-sized-HLO
+elimination, conditional canonicalisation): its pipeline here is the front passes alone. XLA:TPU
+runs a whole simplification pipeline first, whose loop passes change which values a While carries
+and so what propagation decides; its pipeline models the passes that change decisions (see
+`TPU_PASSES` and the README's table of passes, modelled and not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from planner.hlo.ir import HloModule
+from planner.hlo.loops import while_loops
+from planner.hlo.shardy_import import resolve_mesh
+from planner.mesh import Mesh
+from planner.mesh_check import mesh_warnings
+from planner.prepare.front import CallInlining, ShardyImport
+from planner.prepare.prepared import PassRecord, PreparedModule
+from planner.prepare.rewrite import ModulePass
+from planner.propagation.options import PropagationOptions
+from planner.targets import Backend
+from planner.targets import backend as backend_of
+
+FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining())
+
+# The compiler's passes after the front ones, by compiler. XLA:GPU's pipeline is not modelled: its
+# steps are prepared as XLA:CPU's (the planner has no GPU references to check one against).
+TARGET_PASSES: dict[str, tuple[ModulePass, ...]] = {
+    "cpu": (),
+    "tpu": (),
+    "gpu": (),
+}
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """The prepare pipeline as a value (see `planner.passes`): its target, mesh and options are its fields."""
+
+    target: str | Backend = "cpu"
+    mesh: Mesh | None = None
+    options: PropagationOptions | None = None
+
+    def apply(self, module: HloModule) -> PreparedModule:
+        return prepare(module, self.target, self.mesh, self.options)
+
+
+def prepare(
+    module: HloModule,
+    target: str | Backend = "cpu",
+    mesh: Mesh | None = None,
+    options: PropagationOptions | None = None,
+    *,
+    pass_input: bool = False,
+) -> PreparedModule:
+    """`module` as `target`'s compiler will partition it, with its mesh resolved and checked.
+
+    `target` is `cpu` (XLA:CPU) or a chip preset, whose compiler's pipeline runs; `mesh` the mesh
+    the user named (a Shardy module's own mesh wins, and a different one is an error); `options`
+    default to the module header's, as XLA's compile takes them. `pass_input` says the module is
+    already what the propagation pass receives (a dump taken at the pass, or the module of one of
+    XLA's own propagation tests, which run the pass alone): no pass runs on it but reading Shardy.
+    """
+    backend = backend_of(target)
+    warnings = tuple(mesh_warnings(module, mesh))
+    mesh = resolve_mesh(module, mesh)
+    _check_partitions(module, mesh)
+    front, aliases, records = _run(module, (ShardyImport(),) if pass_input else FRONT_PASSES)
+    options = options if options is not None else PropagationOptions.from_module(module)
+    if pass_input:
+        return PreparedModule(module, front, front, backend, mesh, options, aliases, while_loops(front),
+                              tuple(records), warnings)  # fmt: skip
+    return _target_passes(module, front, backend, mesh, options, aliases, records, warnings)
+
+
+def reprepare(prepared: PreparedModule, front: HloModule, mesh: Mesh | None = None) -> PreparedModule:
+    """The target's passes run again on a changed `front` (placements written, a mesh or batch changed)."""
+    mesh = mesh if mesh is not None else prepared.mesh
+    return _target_passes(
+        prepared.source, front, prepared.target, mesh, prepared.options, prepared.aliases,
+        prepared.passes[: _front_records(prepared)], prepared.warnings,
+    )  # fmt: skip
+
+
+def _target_passes(
+    source: HloModule,
+    front: HloModule,
+    backend: Backend,
+    mesh: Mesh | None,
+    options: PropagationOptions,
+    aliases: Mapping[str, str],
+    records: Sequence[PassRecord],
+    warnings: tuple[str, ...],
+) -> PreparedModule:
+    module, target_aliases, target_records = _run(front, TARGET_PASSES[backend.compiler])
+    merged = dict(aliases)
+    merged.update(target_aliases)
+    return PreparedModule(
+        source=source,
+        front=front,
+        module=module,
+        target=backend,
+        mesh=mesh,
+        options=options,
+        aliases=_chained(merged),
+        loops=while_loops(module),
+        passes=(*records, *target_records),
+        warnings=warnings,
+    )
+
+
+def _run(module: HloModule, passes: Sequence[ModulePass]) -> tuple[HloModule, dict[str, str], list[PassRecord]]:
+    aliases: dict[str, str] = {}
+    records: list[PassRecord] = []
+    for p in passes:
+        rewrite = p.run(module)
+        if rewrite.summary is None:
+            continue
+        module = rewrite.module
+        aliases.update(rewrite.renamed)
+        records.append(PassRecord(p.NAME, p.MIRRORS, rewrite.summary))
+    return module, _chained(aliases), records
+
+
+def _front_records(prepared: PreparedModule) -> int:
+    names = {p.NAME for p in FRONT_PASSES}
+    return sum(1 for r in prepared.passes if r.name in names)
+
+
+def _chained(aliases: dict[str, str]) -> dict[str, str]:
+    """A retired name may point at a name a later pass retired too: follow to the end."""
+    resolved = {}
+    for name, target in aliases.items():
+        seen = {name}
+        while target in aliases and target not in seen:
+            seen.add(target)
+            target = aliases[target]
+        resolved[name] = target
+    return resolved
+
+
+def _check_partitions(module: HloModule, mesh: Mesh | None) -> None:
+    partitions = module.attr("num_partitions")
+    if mesh is not None and partitions is not None and partitions != mesh.num_devices:
+        raise ValueError(
+            f"mesh {mesh.to_text()} has {mesh.num_devices} devices but the module has num_partitions={partitions}"
+        )

@@ -1,0 +1,58 @@
+"""The module as one compiler's partitioner will see it: the only input propagation, memory and planning take."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from planner.hlo.ir import HloModule
+from planner.hlo.loops import WhileLoop
+from planner.mesh import Mesh
+from planner.propagation.options import PropagationOptions
+from planner.targets import Backend
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One pass that changed the module, and what it did."""
+
+    name: str
+    mirrors: str
+    summary: str
+
+
+@dataclass(frozen=True)
+class PreparedModule:
+    """A module after the front passes every compiler runs and its target compiler's own.
+
+    `source` is the module as given (what verify compiles and what is printed back patched);
+    `front` is it read as GSPMD with its calls inlined, the module placements are written against;
+    `module` is `front` after the target's pre-partitioning passes, what propagation sees. On
+    XLA:CPU the two are the same module. `aliases` maps every name the passes retired to the name
+    that now holds its value; `loops` are `module`'s While loops, found once.
+    """
+
+    source: HloModule
+    front: HloModule
+    module: HloModule
+    target: Backend
+    mesh: Mesh | None
+    options: PropagationOptions
+    aliases: Mapping[str, str]
+    loops: tuple[WhileLoop, ...]
+    passes: tuple[PassRecord, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def compiler(self) -> str:
+        return self.target.compiler
+
+    def loop(self, name: str) -> WhileLoop:
+        for loop in self.loops:
+            if loop.name == name:
+                return loop
+        raise KeyError(f"no While loop named {name!r} in module {self.module.name}")
+
+    def resolve(self, name: str) -> str:
+        """The name that holds `name`'s value in `module` (itself when no pass retired it)."""
+        return self.aliases.get(name, name)
