@@ -53,11 +53,19 @@ def while_loops(module: HloModule) -> tuple[WhileLoop, ...]:
                 continue
             body = inst.attr("body").names[0]
             condition = inst.attr("condition").names[0]
-            count, source = known_trip_count(inst), "backend_config"
-            if count is None:
-                count, source = _trip_count_from_structure(module, comp, inst, body, condition), "loop structure"
-            loops.append(WhileLoop(inst, comp.name, body, condition, count, source if count is not None else None))
+            count, source = trip_count(module, comp, inst)
+            loops.append(WhileLoop(inst, comp.name, body, condition, count, source))
     return tuple(loops)
+
+
+def trip_count(module: HloModule, comp: Computation, inst: Instruction) -> tuple[int | None, str | None]:
+    """The While's trip count and where it comes from: "backend_config", "loop structure" or None."""
+    count = known_trip_count(inst)
+    if count is not None:
+        return count, "backend_config"
+    body, condition = inst.attr("body").names[0], inst.attr("condition").names[0]
+    count = _trip_count_from_structure(module, comp, inst, body, condition)
+    return count, "loop structure" if count is not None else None
 
 
 def known_trip_count(inst: Instruction) -> int | None:

@@ -57,7 +57,8 @@ BINARY_ELEMENTWISE = frozenset(
     shift-right-arithmetic shift-right-logical stochastic-convert subtract xor""".split()
 )
 TERNARY_ELEMENTWISE = frozenset({"select", "clamp"})
-assert UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE <= OPCODES
+ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
+assert ELEMENTWISE <= OPCODES
 
 # (min, max) operands the parser checks; max None means unbounded. Fixed-arity
 # opcodes take exactly their arity; these variadic ones have bounds of their own.

@@ -1,0 +1,47 @@
+"""A sequence of passes run until none changes the module (XLA's HloPassFix over a pipeline).
+
+XLA stops such a pipeline after 25 iterations (`HloPassFix::kIterationLimit`); XLA:TPU's
+`simplification-1` reaches that limit only because two of its layout passes undo each other, which
+the planner does not model, so here the loop passes settle in a few iterations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from planner.hlo.ir import HloModule
+from planner.prepare.rewrite import ModulePass, Rewrite
+
+ITERATION_LIMIT = 25
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """`passes`, in order, again and again while any of them changes the module."""
+
+    NAME: ClassVar[str] = "fixed-point"
+    MIRRORS: ClassVar[str] = "xla/hlo/pass/hlo_pass_fix.h"
+
+    name: str
+    passes: Sequence[ModulePass]
+
+    def run(self, module: HloModule) -> Rewrite:
+        renamed: dict[str, str] = {}
+        done: dict[str, int] = {}
+        for _ in range(ITERATION_LIMIT):
+            changed = False
+            for p in self.passes:
+                rewrite = p.run(module)
+                if not rewrite.changed:
+                    continue
+                module, changed = rewrite.module, True
+                renamed.update(rewrite.renamed)
+                done[p.NAME] = done.get(p.NAME, 0) + 1
+            if not changed:
+                break
+        if not done:
+            return Rewrite(module)
+        summary = ", ".join(f"{name} changed the module {n}x" for name, n in done.items())
+        return Rewrite(module, renamed, f"{self.name}: {summary}")
