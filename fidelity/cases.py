@@ -1,9 +1,12 @@
-"""The reference cases: which model, front end, partitioner, remat, mesh and compilers each one is made with.
+"""The reference cases: which model, step, front end, partitioner, remat, mesh and compilers each one is made with.
 
 A case is a frozen value checked on construction. `CASES` is every case the sweep knows: the committed
 fixtures (`FIXTURE_CASES`) and the seeded grid (`grid()`), which covers what users train with: four
 model families, three remat modes, two dtypes, five 8-device meshes, 256-chip meshes, gradients free and
-pinned, GSPMD and Shardy, several sizes. `CI_CASES` is the fixed subset the tests regenerate.
+pinned, GSPMD and Shardy, several sizes; then the whole steps around the layer stack (`lm_grid()`):
+language models with tied and untied embeddings and both cross-entropy spellings, a ViT, AdamW with
+clipping and mixed precision, gradient accumulation, sequence parallelism, packed sequences, an
+expert axis. `CI_CASES` is the fixed subset the tests regenerate.
 """
 
 from __future__ import annotations
@@ -25,6 +28,26 @@ REMAT_POLICIES = (None, "full", "dots", "min_cut")
 # torch_xla's ways of running the layer stack: scan_layers as shipped (gradients shard_as their
 # weights), scan_layers with that shard_as disabled, and a plain Python loop over the layers.
 TORCH_MODES = ("scan", "scan_no_shard_as", "loop")
+# What the step computes around the layer stack.
+# "toy": x [batch, seq, hidden] in, loss = mean(y**2); no embedding, head or optimizer (the first grid).
+# "lm": int32 tokens [batch, seq + 1] in (sharded over the batch axes); token embedding gather, the
+#   stack, a final norm, an LM head, cross-entropy in f32 against the tokens shifted by one.
+# "lm_tied": "lm" whose head is the embedding's transpose (tied input and output embeddings).
+# "vit": images in; a patch-embedding convolution, the stack without a causal mask, mean pooling and
+#   a classifier head (vocab_size is the number of classes).
+STEPS = ("toy", "lm", "lm_tied", "vit")
+# How the loss reads the target's log-probability: log_softmax + take_along_axis (a gather, whose
+# gradient is a scatter), or one_hot(targets) * log_softmax summed over the vocabulary (MaxText's).
+CROSS_ENTROPIES = ("take_along_axis", "one_hot")
+# AdamW inside the step (params and state donated, out_shardings = in_shardings), optionally after
+# clipping the gradients to global norm 1 (clip_by_global_norm).
+OPTIMIZERS = (None, "adamw", "adamw_clip")
+# With bf16 params: "f32_state" keeps AdamW's m and v in f32 (the update is computed in f32 and
+# rounded into the params); "f32_master" also keeps an f32 master copy of the params in the state,
+# which the update applies to and the bf16 params are rounded from. None: the state is in the
+# params' dtype.
+MIXED_PRECISIONS = (None, "f32_state", "f32_master")
+MESH_AXES = ("data", "fsdp", "tp", "expert")
 
 
 @dataclass(frozen=True)
@@ -42,6 +65,7 @@ class ModelSize:
     dtype: str = "float32"
     num_experts: int = 0  # the moe family's experts per layer
     top_k: int = 2
+    vocab_size: int = 0  # a language model's vocabulary, a ViT's classes; 0 for the toy step
 
     def __post_init__(self) -> None:
         if self.num_heads * self.head_size != self.hidden_size:
@@ -56,6 +80,8 @@ class ModelSize:
             raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
         if self.num_experts and not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size={self.vocab_size} must not be negative")
 
 
 @dataclass(frozen=True)
@@ -66,8 +92,10 @@ class MeshSpec:
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.axis_names):
             raise ValueError(f"mesh shape={self.shape} does not match axis_names={self.axis_names}")
-        if set(self.axis_names) - {"data", "fsdp", "tp"} or "fsdp" not in self.axis_names:
-            raise ValueError(f"axis_names={self.axis_names}: the models shard over fsdp, tp and optionally data")
+        if set(self.axis_names) - set(MESH_AXES) or "fsdp" not in self.axis_names:
+            raise ValueError(f"axis_names={self.axis_names}: the models shard over fsdp and optionally {MESH_AXES}")
+        if len(set(self.axis_names)) != len(self.axis_names):
+            raise ValueError(f"axis_names={self.axis_names} names an axis twice")
 
     @property
     def num_devices(self) -> int:
@@ -75,8 +103,8 @@ class MeshSpec:
 
     @property
     def batch_axes(self) -> tuple[str, ...]:
-        """The axes the batch is split over: data parallel and fsdp both split it."""
-        return tuple(a for a in ("data", "fsdp") if a in self.axis_names)
+        """The axes the batch is split over: data parallel, fsdp and (outside the experts) expert all split it."""
+        return tuple(a for a in ("data", "fsdp", "expert") if a in self.axis_names)
 
     def size(self, axis: str) -> int:
         return self.shape[self.axis_names.index(axis)] if axis in self.axis_names else 1
@@ -97,6 +125,16 @@ class Case:
     pinned: bool = False  # gradients' out_shardings set to their parameters' shardings
     chip: str | None = "v6e"  # the TPU chip preset compiled for (JAX only); None: XLA:CPU only
     torch_mode: str = "scan"
+    step: str = "toy"  # one of STEPS
+    cross_entropy: str | None = None  # one of CROSS_ENTROPIES for every step but the toy one
+    optimizer: str | None = None  # one of OPTIMIZERS
+    mixed_precision: str | None = None  # one of MIXED_PRECISIONS
+    microbatches: int = 1  # > 1: gradients accumulated in f32 over a lax.scan of this many microbatches
+    seq_parallel: bool = False  # activations pinned [batch, seq over tp, hidden] after each residual add
+    # Several documents per row: segment ids and positions come with the tokens; attention stays within
+    # a document and the loss skips padding (segment 0) and the first token of each document.
+    packed: bool = False
+    z_loss: bool = False  # PaLM's 1e-4 * logsumexp(logits)**2 per token added to the loss
 
     def __post_init__(self) -> None:
         if self.front_end not in FRONT_ENDS:
@@ -117,12 +155,78 @@ class Case:
                 raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps on XLA:CPU only")
             if self.remat not in (None, "min_cut"):
                 raise ValueError(f"{self.name}: torch_xla's remat is the min_cut partition_fn")
+            # F.cross_entropy is log_softmax + nll_loss: the take_along_axis spelling.
+            if self.step not in ("toy", "lm", "lm_tied") or self.cross_entropy == "one_hot":
+                raise ValueError(f"{self.name}: torch_xla steps are the toy one or an LM with F.cross_entropy")
+            if self.optimizer not in (None, "adamw") or self.microbatches != 1 or self.seq_parallel or self.packed:
+                raise ValueError(f"{self.name}: torch_xla steps take torch.optim.AdamW and nothing else")
         elif self.remat == "min_cut":
             raise ValueError(f"{self.name}: min_cut is torch_xla's remat; JAX's are full and dots")
         if self.size.batch_size % math.prod(map(self.mesh.size, self.mesh.batch_axes)):
             raise ValueError(f"{self.name}: batch_size={self.size.batch_size} does not split over {self.mesh}")
+        if "expert" in self.mesh.axis_names and (
+            self.family != "moe" or self.size.num_experts % self.mesh.size("expert")
+        ):
+            raise ValueError(
+                f"{self.name}: an expert axis of {self.mesh.size('expert')} splits the moe family's experts, "
+                f"not family={self.family!r} with num_experts={self.size.num_experts}"
+            )
+        self._check_step()
         if self.chip is not None and self.tpu_topology is None:
             raise ValueError(f"{self.name}: no libtpu topology for {self.chip} with {self.mesh.num_devices} devices")
+
+    def _check_step(self) -> None:
+        for value, allowed in ((self.step, STEPS), (self.cross_entropy, (None, *CROSS_ENTROPIES)),
+                               (self.optimizer, OPTIMIZERS), (self.mixed_precision, MIXED_PRECISIONS)):  # fmt: skip
+            if value not in allowed:
+                raise ValueError(f"{self.name}: {value!r} is not one of {allowed}")
+        s = self.size
+        if self.step == "toy":
+            if self.step_config() != _TOY_STEP_CONFIG:
+                raise ValueError(
+                    f"{self.name}: the toy step has no loss, batch or optimizer options: {self.step_config()}"
+                )
+            return
+        if self.cross_entropy is None or s.vocab_size == 0:
+            raise ValueError(f"{self.name}: step={self.step!r} needs a cross_entropy and size.vocab_size")
+        if self.step == "vit":
+            if self.family != "gpt2" or math.isqrt(s.seq_len) ** 2 != s.seq_len or self.packed or self.z_loss:
+                raise ValueError(
+                    f"{self.name}: the ViT is the gpt2 family over a square grid of patches (seq_len={s.seq_len}), "
+                    "whole images: no packing, no z-loss"
+                )
+        elif self.family == "mlp":
+            raise ValueError(f"{self.name}: the mlp family has no attention; its steps are toy ones")
+        elif s.vocab_size % self.mesh.size("tp"):
+            raise ValueError(f"{self.name}: vocab_size={s.vocab_size} does not split over tp={self.mesh.size('tp')}")
+        if self.mixed_precision is not None and (self.optimizer is None or s.dtype != "bfloat16"):
+            raise ValueError(
+                f"{self.name}: mixed_precision={self.mixed_precision!r} is for an optimizer over bf16 params"
+            )
+        if self.optimizer is not None and self.front_end == "jax" and not self.pinned:
+            raise ValueError(f"{self.name}: an optimizer step returns params and state pinned to their in_shardings")
+        per_step = self.microbatches * math.prod(map(self.mesh.size, self.mesh.batch_axes))
+        if self.microbatches < 1 or s.batch_size % per_step:
+            raise ValueError(
+                f"{self.name}: batch_size={s.batch_size} does not split into {self.microbatches} microbatches "
+                f"over {self.mesh}"
+            )
+        if self.seq_parallel and (self.mesh.size("tp") == 1 or s.seq_len % self.mesh.size("tp")):
+            raise ValueError(f"{self.name}: sequence parallelism splits seq_len={s.seq_len} over a tp axis")
+
+    def step_config(self) -> dict[str, object]:
+        """What the step computes around the layer stack (`config()` records it for every step but the toy one)."""
+        return {
+            "step": self.step,
+            "V": self.size.vocab_size,
+            "cross_entropy": self.cross_entropy,
+            "optimizer": self.optimizer,
+            "mixed_precision": self.mixed_precision,
+            "microbatches": self.microbatches,
+            "seq_parallel": self.seq_parallel,
+            "packed": self.packed,
+            "z_loss": self.z_loss,
+        }
 
     @property
     def tpu_topology(self) -> str | None:
@@ -155,7 +259,14 @@ class Case:
             record |= {"E": s.num_experts, "top_k": s.top_k}
         if self.front_end == "torch_xla":
             record["torch_mode"] = self.torch_mode
+        if self.step != "toy":
+            record |= self.step_config()
         return record
+
+
+_TOY_STEP_CONFIG: dict[str, object] = {"step": "toy", "V": 0, "cross_entropy": None, "optimizer": None,
+                                       "mixed_precision": None, "microbatches": 1, "seq_parallel": False,
+                                       "packed": False, "z_loss": False}  # fmt: skip
 
 
 LLAMA_405B = ModelSize(
@@ -267,7 +378,7 @@ def grid(seed: int = 13) -> tuple[Case, ...]:
     """The seeded sweep: every family x JAX remat x dtype x partitioner, twice, on rotating meshes and chips.
 
     The rotation (not the seed) guarantees each mesh, chip and gradient mode appears for every family;
-    the seed picks sizes. Then 256-chip steps and torch_xla's modes.
+    the seed picks sizes. Then 256-chip steps and torch_xla's modes, then the whole steps of `lm_grid`.
     """
     rng = random.Random(seed)
     cases: list[Case] = []
@@ -304,6 +415,118 @@ def grid(seed: int = 13) -> tuple[Case, ...]:
             for mesh in (MeshSpec((4, 2)), MeshSpec((2, 4))):
                 name = _name("torch_xla", "llama", remat, torch_size, "gspmd", mesh, False, f"_{mode}")
                 cases.append(Case(name, "torch_xla", "gspmd", remat, torch_size, mesh, chip=None, torch_mode=mode))
+    return tuple(cases) + lm_grid(seed)
+
+
+def step_label(case: Case) -> str:
+    """The step's part of a case name: `lm_onehot_V32768_adamwclip_f32master_accum4_sp_packed_zloss`."""
+    parts = [case.step.replace("_", ""), {"take_along_axis": "take", "one_hot": "onehot"}[case.cross_entropy or ""]]
+    parts.append(f"C{case.size.vocab_size}" if case.step == "vit" else f"V{case.size.vocab_size}")
+    parts += [x.replace("_", "") for x in (case.optimizer, case.mixed_precision) if x]
+    parts += [f"accum{case.microbatches}"] * (case.microbatches > 1)
+    parts += [flag for flag, on in (("sp", case.seq_parallel), ("packed", case.packed), ("zloss", case.z_loss)) if on]
+    return "_".join(parts)
+
+
+def named(case: Case, prefix: str = "") -> Case:
+    """The case under its readable name: the grid's parts with the step's label after the family."""
+    extra = (f"_{case.torch_mode}" if case.front_end == "torch_xla" else "") + "_" + step_label(case)
+    return replace(case, name=prefix + _name(case.front_end, case.family, case.remat, case.size, case.partitioner,
+                                             case.mesh, case.pinned, extra))  # fmt: skip
+
+
+LM_MESHES = {
+    "4x2": MeshSpec((4, 2)),
+    "2x4": MeshSpec((2, 4)),
+    "1x8": MeshSpec((1, 8)),
+    "8x1": MeshSpec((8, 1)),
+    "3d": MeshSpec((2, 2, 2), ("data", "fsdp", "tp")),
+    "e2f2t2": MeshSpec((2, 2, 2), ("expert", "fsdp", "tp")),
+    "e4f2": MeshSpec((4, 2), ("expert", "fsdp")),
+    "e2f4": MeshSpec((2, 4), ("expert", "fsdp")),
+}
+# Llama 3's vocabulary on the 256-chip steps.
+LLAMA3_VOCAB = 128256
+
+
+def _step_size(family: str, step: str, rng: random.Random, dtype: str, min_batch: int) -> ModelSize:
+    if step == "vit":
+        # ViT-B/16 at 224 pixels (14 x 14 patches), ImageNet's classes.
+        return ModelSize(rng.choice((4, 8)), 768, 3072, 12, 12, 64, 16, 196, dtype, vocab_size=1000)
+    size = _family_size(family, rng, rng.choice((4, 8)), dtype)
+    batch = max(size.batch_size, min_batch)
+    return replace(size, batch_size=batch, vocab_size=rng.choice((8192, 16384, 32000, 32768)))
+
+
+def lm_grid(seed: int = 13) -> tuple[Case, ...]:
+    """Whole training steps: each row one realistic combination, sizes seeded (a stream of its own, so
+    the first grid's sizes stay what they were).
+
+    Together: LM steps tied and untied with both cross-entropy spellings, a ViT, AdamW with and without
+    clipping, bf16 params with f32 state or an f32 master copy, accumulation over 2 and 4 microbatches,
+    sequence parallelism, packed sequences with z-loss, an expert axis of 2 and 4; GSPMD and Shardy,
+    six meshes, four chips; two 256-chip LM steps with Llama 3's vocabulary; torch_xla's LM steps.
+    """
+    rng = random.Random(seed + 1)
+    table = (
+        # family, step, cross-entropy, optimizer, mixed precision, microbatches, options (sequence
+        # parallel, packed, z-loss; pinned gradients, which every optimizer step has), remat, dtype,
+        # partitioner, mesh, chip
+        ("llama", "lm", "take", None, None, 1, "", None, "f32", "gspmd", "4x2", "v6e"),
+        ("llama", "lm", "onehot", None, None, 1, "", "full", "bf16", "shardy", "2x4", "v5e"),
+        ("llama", "lm", "take", None, None, 1, "pinned", "dots", "bf16", "gspmd", "1x8", "v6e"),
+        ("llama", "lm_tied", "take", None, None, 1, "", None, "f32", "gspmd", "8x1", "v5p"),
+        ("llama", "lm_tied", "onehot", "adamw", None, 1, "", None, "f32", "gspmd", "4x2", "v6e"),
+        ("llama", "lm_tied", "take", "adamw_clip", "f32_master", 1, "", "full", "bf16", "shardy", "4x2", "v6e"),
+        ("llama", "lm", "onehot", "adamw_clip", "f32_state", 1, "", "dots", "bf16", "gspmd", "3d", "v4"),
+        ("llama", "lm", "take", "adamw", "f32_master", 1, "", None, "bf16", "shardy", "2x4", "v5p"),
+        ("llama", "lm", "take", None, None, 4, "", None, "f32", "gspmd", "4x2", "v6e"),
+        ("llama", "lm", "onehot", "adamw_clip", "f32_master", 2, "", "full", "bf16", "gspmd", "2x4", "v6e"),
+        ("llama", "lm_tied", "onehot", "adamw", None, 4, "", "dots", "f32", "shardy", "3d", "v5e"),
+        ("llama", "lm", "take", None, None, 1, "sp", "full", "bf16", "gspmd", "4x2", "v6e"),
+        ("llama", "lm", "onehot", "adamw_clip", "f32_state", 1, "sp", None, "bf16", "shardy", "2x4", "v6e"),
+        ("llama", "lm_tied", "take", "adamw", None, 2, "sp", "full", "f32", "gspmd", "1x8", "v5p"),
+        ("llama", "lm", "take", None, None, 1, "packed zloss", None, "bf16", "gspmd", "4x2", "v6e"),
+        ("llama", "lm", "onehot", "adamw_clip", "f32_master", 1, "packed zloss", "full", "bf16", "shardy", "8x1", "v4"),
+        ("moe", "lm", "take", None, None, 1, "", None, "bf16", "gspmd", "e2f2t2", "v6e"),
+        ("moe", "lm", "onehot", "adamw_clip", "f32_master", 1, "", "full", "bf16", "shardy", "e4f2", "v5p"),
+        ("moe", "lm_tied", "take", "adamw", None, 2, "", None, "f32", "gspmd", "e2f4", "v6e"),
+        ("gpt2", "lm_tied", "take", None, None, 1, "", "dots", "f32", "gspmd", "2x4", "v5e"),
+        ("gpt2", "lm_tied", "onehot", "adamw_clip", None, 1, "", None, "bf16", "shardy", "4x2", "v6e"),
+        ("gpt2", "lm", "take", "adamw", "f32_state", 4, "packed zloss", "full", "bf16", "gspmd", "4x2", "v6e"),
+        ("gpt2", "vit", "take", None, None, 1, "", None, "f32", "gspmd", "4x2", "v6e"),
+        ("gpt2", "vit", "onehot", "adamw_clip", "f32_master", 1, "", "dots", "bf16", "shardy", "2x4", "v5e"),
+    )  # fmt: skip
+    spellings = {"take": "take_along_axis", "onehot": "one_hot", "f32": "float32", "bf16": "bfloat16"}
+    cases = []
+    for family, step, ce, optimizer, mixed, k, options, remat, dtype, partitioner, mesh_key, chip in table:
+        mesh = LM_MESHES[mesh_key]
+        size = _step_size(family, step, rng, spellings[dtype], k * math.prod(map(mesh.size, mesh.batch_axes)))
+        pinned = optimizer is not None or "pinned" in options
+        case = Case("", "jax", partitioner, remat, size, mesh, family, pinned, chip, step=step,
+                    cross_entropy=spellings[ce], optimizer=optimizer, mixed_precision=mixed, microbatches=k,
+                    seq_parallel="sp" in options, packed="packed" in options, z_loss="zloss" in options)  # fmt: skip
+        cases.append(named(case))
+    # 256 chips with Llama 3's vocabulary: an 8B-like step with AdamW and an f32 master copy, and the
+    # 405B-shaped remat step as a language model.
+    big = (
+        (replace(LLAMA_8B, vocab_size=LLAMA3_VOCAB), "one_hot", "adamw_clip", "f32_master", MeshSpec((16, 16))),
+        (replace(LLAMA_405B, vocab_size=LLAMA3_VOCAB), "take_along_axis", None, None, MeshSpec((64, 4))),
+    )
+    for size, ce, optimizer, mixed, mesh in big:
+        case = Case("", "jax", "gspmd", "full", size, mesh, "llama", True, "v6e", step="lm", cross_entropy=ce,
+                    optimizer=optimizer, mixed_precision=mixed)  # fmt: skip
+        cases.append(named(case))
+    # torch_xla's LM steps through scan_layers (and a plain loop), AdamW stepped inside the traced graph.
+    torch_size = ModelSize(4, 1024, 4096, 8, 8, 128, 8, 256, vocab_size=8192)
+    for mode, step, optimizer, remat, mesh in (
+        ("scan", "lm", None, None, MeshSpec((4, 2))),
+        ("scan", "lm_tied", "adamw", "min_cut", MeshSpec((2, 4))),
+        ("loop", "lm", "adamw", None, MeshSpec((4, 2))),
+    ):
+        case = Case("", "torch_xla", "gspmd", remat, torch_size, mesh, chip=None, torch_mode=mode, step=step,
+                    cross_entropy="take_along_axis", optimizer=optimizer)  # fmt: skip
+        cases.append(named(case))
     return tuple(cases)
 
 
@@ -312,7 +535,8 @@ def ci_subset() -> tuple[Case, ...]:
 
     Together: every family, remat mode (none, full, dots; torch_xla's min_cut), both dtypes, both
     partitioners, both backends and four TPU chips, a 3-axis mesh, pinned gradients, torch_xla's scan
-    and plain loop.
+    and plain loop; language-model steps tied and untied, both cross-entropy spellings, AdamW with
+    clipping and an f32 master copy, gradient accumulation.
     """
     meshes = {"4x2": MeshSpec((4, 2)), "2x4": MeshSpec((2, 4)), "1x8": MeshSpec((1, 8)), "8x1": MeshSpec((8, 1)),
               "3d": MeshSpec((2, 2, 2), ("data", "fsdp", "tp"))}  # fmt: skip
@@ -346,12 +570,35 @@ def ci_subset() -> tuple[Case, ...]:
     for mode, remat in (("scan", "min_cut"), ("loop", None)):
         name = "ci_" + _name("torch_xla", "llama", remat, small, "gspmd", MeshSpec((4, 2)), False, f"_{mode}")
         cases.append(Case(name, "torch_xla", "gspmd", remat, small, MeshSpec((4, 2)), chip=None, torch_mode=mode))
+    # Whole steps: a GSPMD language model, a tied one with AdamW over bf16 params (f32 master copy,
+    # clipped), and gradient accumulation under Shardy.
+    lm = replace(sizes["llama"], vocab_size=8192)
+    for step, ce, optimizer, mixed, k, remat, dtype, partitioner, mesh_name, chip in (
+        ("lm", "take_along_axis", None, None, 1, None, "float32", "gspmd", "4x2", "v6e"),
+        ("lm_tied", "one_hot", "adamw_clip", "f32_master", 1, None, "bfloat16", "gspmd", "2x4", "v5e"),
+        ("lm", "take_along_axis", None, None, 2, "full", "float32", "shardy", "4x2", "v6e"),
+    ):
+        case = Case("", "jax", partitioner, remat, replace(lm, dtype=dtype), meshes[mesh_name], "llama",
+                    optimizer is not None, chip, step=step, cross_entropy=ce, optimizer=optimizer,
+                    mixed_precision=mixed, microbatches=k)  # fmt: skip
+        cases.append(named(case, "ci_"))
     return tuple(cases)
 
 
 CI_SUBSET: tuple[Case, ...] = ci_subset()
 CASES: tuple[Case, ...] = FIXTURE_CASES + grid() + CI_SUBSET + NEXT_STEP_CASES
 CI_CASES: tuple[str, ...] = tuple(c.name for c in CI_SUBSET)
+
+
+def _check_unique(cases: tuple[Case, ...]) -> None:
+    seen: dict[str, Case] = {}
+    for case in cases:
+        if seen.get(case.name, case) != case:
+            raise ValueError(f"two different cases are named {case.name!r}")
+        seen[case.name] = case
+
+
+_check_unique(CASES)
 
 
 def case_named(name: str) -> Case:

@@ -1,9 +1,10 @@
 """Reading what XLA writes with `--xla_dump_to`: the step's module, its While shapes, its buffer assignment.
 
 The runners set the flags (`xla_flags`) before the framework starts; XLA then writes, per compiled
-module, `module_NNNN.NAME.before_optimizations.txt`, the passes picked by `--xla_dump_hlo_pass_re`
-(`module_NNNN.NAME.SEQ.PIPELINE.after_PASS.before_NEXT.txt`) and, on CPU,
-`module_NNNN.NAME.cpu_after_optimizations.txt` with its `-buffer-assignment.txt`.
+module, `module_NNNN.NAME.before_optimizations.txt`, the pass boundaries picked by
+`--xla_dump_hlo_pass_re` and `--xla_dump_hlo_pipeline_re` (`module_NNNN.NAME.SEQ.PIPELINE.after_PASS.before_NEXT.txt`)
+and `...after_optimizations.txt` with its `-buffer-assignment.txt`. XLA:TPU's files carry a tag after
+the module name (`module_0001.jit_train_step.cl_789893895.1163.xla-partitioner.after_...`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# Only the partitioner's own pass: its output is the per-device program, the shapes we record.
-DUMP_PASS_RE = "spmd-partitioning"
+# The boundaries the records read, inside the partitioning pipelines only: XLA:CPU's `spmd-partitioner`
+# and XLA:TPU's `xla-partitioner` (anchored: `xla-partitioner-optimizations` is another pipeline).
+# Propagation is `sharding-propagation` under GSPMD (XLA:TPU runs it twice, around convolution
+# folding) and `shardy-xla` under Shardy; `spmd-partitioning` also matches `tpu-spmd-partitioning`.
+# A pass is dumped when its name or its neighbour's matches, so the module entering propagation
+# (`after_dce.before_sharding-propagation`) is written too: 6 files for XLA:TPU, 3 for XLA:CPU,
+# where `.+` everywhere writes ~1,600 (270 MB for a small step).
+DUMP_PASS_RE = "sharding-propagation|shardy-xla|spmd-partitioning"
+DUMP_PIPELINE_RE = "^(spmd-partitioner|xla-partitioner)$"
+PROPAGATION_PASSES = ("sharding-propagation", "shardy-xla")
+PARTITIONING_PASSES = ("spmd-partitioning", "tpu-spmd-partitioning")
 
 _MODULE_HEADER = re.compile(r"^HloModule\s+\S+?,?\s")
 # `[ENTRY] %name (params) -> shape {` in the long form dumps print; `name {` in the short form.
@@ -22,13 +32,42 @@ _WHILE = re.compile(r"^\s*(?:ROOT\s+)?%?(\S+)\s=\s(.*?)\swhile\(")
 _CALLEE = re.compile(r"\b(condition|body)=%?([\w.\-]+)")
 _INSTRUCTION_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s=\s")
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(?:, (.*?))?:?$")
+# `SEQ.PIPELINE.after_PASS.before_NEXT.txt` after the module's prefix.
+_BOUNDARY = re.compile(r"^(\d+)\.(.+?)\.after_(.+?)\.before_(.+?)\.txt$")
 
 
-def xla_flags(dump_dir: Path, num_host_devices: int | None = None) -> str:
-    flags = [f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text", f"--xla_dump_hlo_pass_re={DUMP_PASS_RE}"]
+def xla_flags(
+    dump_dir: Path,
+    num_host_devices: int | None = None,
+    dump_all: bool = False,
+    disabled_passes: tuple[str, ...] = (),
+) -> str:
+    """XLA_FLAGS for one runner process: read once, by every compiler in it (XLA:CPU and XLA:TPU alike).
+
+    `dump_all` dumps every boundary of every pipeline (`.+`: the literal `.*` keeps only the passes
+    that changed the module); `disabled_passes` turns passes or whole pipelines off by name.
+    """
+    flags = [f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text"]
+    if dump_all:
+        flags.append("--xla_dump_hlo_pass_re=.+")
+    else:
+        flags += [f"--xla_dump_hlo_pass_re={DUMP_PASS_RE}", f"--xla_dump_hlo_pipeline_re={DUMP_PIPELINE_RE}"]
+    if disabled_passes:
+        flags.append("--xla_disable_hlo_passes=" + ",".join(disabled_passes))
     if num_host_devices is not None:
         flags.insert(0, f"--xla_force_host_platform_device_count={num_host_devices}")
     return " ".join(flags)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One dumped pass boundary: the module after `after` ran and before `before` runs."""
+
+    path: Path
+    sequence: int
+    pipeline: str
+    after: str
+    before: str
 
 
 @dataclass(frozen=True)
@@ -45,13 +84,38 @@ class ModuleDump:
             raise FileNotFoundError(f"no {self.prefix}.{pattern} in {self.dump_dir}")
         return found[-1]
 
+    def boundaries(self) -> list[Boundary]:
+        """Every dumped pass boundary of this module, in the order the passes ran."""
+        found = []
+        for path in self.dump_dir.glob(f"{self.prefix}.*.txt"):
+            if m := _BOUNDARY.match(path.name[len(self.prefix) + 1 :]):
+                found.append(Boundary(path, int(m.group(1)), m.group(2), m.group(3), m.group(4)))
+        return sorted(found, key=lambda b: b.sequence)
+
+    def _boundary(self, what: str, passes: tuple[str, ...], last: bool, side: str) -> Path:
+        matches = [b for b in self.boundaries() if getattr(b, side) in passes]
+        if not matches:
+            raise FileNotFoundError(f"no dump {side} {'/'.join(passes)} for {self.prefix} in {self.dump_dir}: {what}")
+        return matches[-1 if last else 0].path
+
+    @property
+    def before_propagation(self) -> Path:
+        """The module as it enters the first propagation pass."""
+        return self._boundary("the module entering propagation", PROPAGATION_PASSES, last=False, side="before")
+
+    @property
+    def after_propagation(self) -> Path:
+        """The module after the last propagation pass: every instruction's sharding as the partitioner sees it."""
+        return self._boundary("the propagated module", PROPAGATION_PASSES, last=True, side="after")
+
     @property
     def before_optimizations(self) -> Path:
         return self._one("before_optimizations.txt")
 
     @property
     def after_spmd_partitioning(self) -> Path:
-        return self._one("*after_spmd-partitioning*.txt")
+        """The partitioned, per-device program (`spmd-partitioning`, or XLA:TPU's `tpu-spmd-partitioning`)."""
+        return self._boundary("the partitioned module", PARTITIONING_PASSES, last=True, side="after")
 
     @property
     def after_optimizations(self) -> Path:
@@ -73,11 +137,19 @@ class ModuleDump:
         ]
 
 
-def largest_module(dump_dir: Path) -> ModuleDump:
-    """The module with the biggest unoptimized text: a training step dwarfs the small graphs run around it."""
-    candidates = list(dump_dir.glob("module_*.before_optimizations.txt"))
+def largest_module(dump_dir: Path, exclude: tuple[str, ...] = ()) -> ModuleDump:
+    """The module with the biggest unoptimized text: a training step dwarfs the small graphs run around it.
+
+    `exclude` names prefixes already taken: a runner compiles the step for XLA:CPU, then for XLA:TPU
+    into the same directory.
+    """
+    candidates = [
+        p
+        for p in dump_dir.glob("module_*.before_optimizations.txt")
+        if p.name.removesuffix(".before_optimizations.txt") not in exclude
+    ]
     if not candidates:
-        raise FileNotFoundError(f"no module_*.before_optimizations.txt in {dump_dir}")
+        raise FileNotFoundError(f"no module_*.before_optimizations.txt in {dump_dir} besides {list(exclude)}")
     best = max(candidates, key=lambda p: p.stat().st_size)
     return ModuleDump(dump_dir, best.name.removesuffix(".before_optimizations.txt"))
 

@@ -12,22 +12,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from fidelity.cases import FIXTURE_CASES, Case, case_named
+from fidelity.record import runner_environment
 
 RUNNERS = {"jax": "fidelity.run_jax", "torch_xla": "fidelity.run_torch_xla"}
+_LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_case(case: Case, out_dir: Path, dumps: Path | None) -> bool:
-    cmd = [sys.executable, "-m", RUNNERS[case.front_end], case.name, "--out", str(out_dir)]
+def run_case(case: Case, out_dir: Path, dumps: Path | None, runner_args: tuple[str, ...] = ()) -> bool:
+    cmd = [sys.executable, "-m", RUNNERS[case.front_end], case.name, "--out", str(out_dir), *runner_args]
     if dumps is not None:
         cmd += ["--dumps", str(dumps / case.name)]
-    env = dict(os.environ)
+    env = runner_environment(os.environ)
     # The package is not installed: the child finds it through the project root.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
@@ -40,12 +43,25 @@ def run_case(case: Case, out_dir: Path, dumps: Path | None) -> bool:
     return True
 
 
+def _arities(whiles: list[dict[str, str]]) -> str:
+    """Elements per While tuple after partitioning, e.g. `44/49`."""
+    return "/".join(str(len(_LEAF.findall(w["shape"]))) for w in whiles) or "none"
+
+
 def summary(record_path: Path, seconds: float) -> str:
+    """One line per case: each compiler's bytes per device and While arities, compile times."""
     record = json.loads(record_path.read_text())
     total = record.get("memory", {}).get("total_bytes", record.get("xla_per_device_total_bytes", 0))
+    whiles = record.get("post_partition_while_shapes") or record.get("xla_post_partition_while_shapes") or []
+    line = f"{record['name']}: XLA:CPU {total / 2**20:,.1f} MiB per device, Whiles {_arities(whiles)}"
+    if tpu := record.get("tpu"):
+        line += (
+            f"; XLA:TPU {tpu['memory']['total_bytes'] / 2**20:,.1f} MiB, Whiles "
+            f"{_arities(tpu.get('post_partition_while_shapes', []))}, compile {tpu['compile_seconds']:.1f} s"
+        )
     return (
-        f"{record['name']}: {total / 2**20:,.1f} MiB per device, compile {record['compile_seconds']:.1f} s, "
-        f"opt-barrier x{record['opt_barrier_count']}, {seconds:.1f} s in all"
+        f"{line}; XLA:CPU compile {record['compile_seconds']:.1f} s, opt-barrier x{record['opt_barrier_count']}, "
+        f"{seconds:.1f} s in all"
     )
 
 

@@ -1,13 +1,14 @@
-"""Model builders: the Llama training step for each front end, with its parameter shardings.
+"""The JAX layer stacks (four families) with their parameter shardings, and the grid's original toy step.
 
-Nothing here imports jax or torch at module level: each runner configures XLA (device count, dump
-directory) through environment variables that are read once, when the framework is first imported.
+`fidelity.steps` builds every case's whole training step around `jax_layer_stack`: the toy step here,
+or a language model, a ViT, an optimizer, accumulation. Nothing here imports jax or torch at module
+level: each runner configures XLA (device count, dump directory) through environment variables that
+are read once, when the framework is first imported.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from fidelity.cases import Case, ModelSize
@@ -52,15 +53,15 @@ FAMILY_PARAM_SPECS: dict[str, dict[str, Spec]] = {
         "w_out": (None, "tp", "fsdp"),
         "b_out": (None, None),
     },
+    # Experts split over the mesh's `expert` axis when it has one (expert parallelism); the attention
+    # weights and the router are replicated over it, as the batch is split over it.
     "moe": {
         **_ATTENTION_SPECS,
         "router": (None, "fsdp", None),
-        "w_in": (None, None, "fsdp", "tp"),
-        "w_out": (None, None, "tp", "fsdp"),
+        "w_in": (None, "expert", "fsdp", "tp"),
+        "w_out": (None, "expert", "tp", "fsdp"),
     },
 }
-
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 
 def jax_param_shapes(size: ModelSize, family: str = "llama") -> dict[str, tuple[int, ...]]:
@@ -85,75 +86,83 @@ def jax_input_shape(size: ModelSize) -> tuple[int, ...]:
     return (size.batch_size, size.seq_len, size.hidden_size)
 
 
-def _on_mesh(spec: Spec, axis_names: tuple[str, ...]) -> Spec:
-    """A weight spec on a mesh without a tp (or fsdp) axis drops it."""
+def on_mesh(spec: Spec, axis_names: tuple[str, ...]) -> Spec:
+    """A weight spec on a mesh without a tp (or fsdp, or expert) axis drops it."""
     return tuple(a if a is None or a in axis_names else None for a in spec)
 
 
 def jax_specs(case: Case) -> tuple[dict[str, Spec], Spec]:
-    """(param specs, input spec) on the case's mesh: the batch splits over data and fsdp together."""
+    """(layer param specs, toy input spec) on the case's mesh: the batch splits over the batch axes together."""
     axes = case.mesh.axis_names
-    params = {k: _on_mesh(v, axes) for k, v in FAMILY_PARAM_SPECS[case.family].items()}
+    params = {k: on_mesh(v, axes) for k, v in FAMILY_PARAM_SPECS[case.family].items()}
     batch = case.mesh.batch_axes
     return params, ((batch if len(batch) > 1 else batch[0]), None, None)  # type: ignore[return-value]
 
 
-def jax_abstract_inputs(case: Case, mesh: Any) -> tuple[dict[str, Any], Any]:
-    """(params, x) as ShapeDtypeStructs carrying their NamedShardings: lowering allocates nothing."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
+def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
 
-    def abstract(shape: tuple[int, ...], spec: Spec) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(shape, case.size.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
-
-    param_specs, input_spec = jax_specs(case)
-    shapes = jax_param_shapes(case.size, case.family)
-    params = {k: abstract(shape, param_specs[k]) for k, shape in shapes.items()}
-    return params, abstract(jax_input_shape(case.size), input_spec)
+    return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def jax_out_shardings(case: Case, mesh: Any, params: dict[str, Any]) -> Any:
-    """`jit`'s out_shardings: each gradient pinned to its parameter's sharding, or None (XLA decides)."""
-    if not case.pinned:
-        return None
-    from jax.sharding import NamedSharding, PartitionSpec
+def layer_norm(x: Any, scale: Any, bias: Any, eps: float = 1e-5) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
 
-    return (NamedSharding(mesh, PartitionSpec()), {k: v.sharding for k, v in params.items()})
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + eps) * scale + bias
 
 
-def jax_train_step(case: Case) -> Any:
-    """`train_step(params, x) -> (loss, grads)`: value_and_grad of a lax.scan over the stacked layers."""
+def jax_layer_stack(
+    case: Case,
+    constrain: Callable[[Any], Any] | None = None,
+    positions: Any = None,
+    segment_ids: Any = None,
+    causal: bool = True,
+) -> Callable[[Any, dict[str, Any]], Any]:
+    """`stack(x, layer_params) -> y`: a lax.scan of the family's layer over the stacked params, remat as the case says.
+
+    `constrain` is applied to the activations [batch, seq, hidden] after each residual add (sequence
+    parallelism pins them there); `positions` [batch, seq] are RoPE's token positions (default
+    0..seq-1, the same for every row); `segment_ids` [batch, seq] keep attention within each packed
+    sequence; `causal=False` lets every token attend to every other (ViT).
+    """
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     size = case.size
-
-    def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
-
-    def layer_norm(x: Any, scale: Any, bias: Any, eps: float = 1e-5) -> Any:
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+    keep = constrain or (lambda x: x)
 
     def rope(t: Any) -> Any:
         # t: [batch, seq, heads, head_size]; rotate the two halves of each head by position-dependent angles.
         half = size.head_size // 2
         inv_freq = 1.0 / (10000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
-        angles = jnp.arange(size.seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-        cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+        if positions is None:
+            angles = jnp.arange(size.seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+            cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+        else:
+            angles = positions.astype(jnp.float32)[..., None] * inv_freq
+            cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
         t1, t2 = t[..., :half], t[..., half:]
         return jnp.concatenate([t1 * cos - t2 * sin, t1 * sin + t2 * cos], axis=-1).astype(t.dtype)
 
-    def causal_attention(q: Any, k: Any, v: Any) -> Any:
+    def attention(q: Any, k: Any, v: Any) -> Any:
         b, s = q.shape[0], q.shape[1]
         if k.shape[2] != q.shape[2]:
             k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
             v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(size.head_size))
-        causal = jnp.tril(jnp.ones((s, s), dtype=bool))
-        scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+        if causal:
+            mask = jnp.tril(jnp.ones((s, s), dtype=bool))
+            if segment_ids is not None:
+                # [batch, 1, q, k]: a token sees the earlier tokens of its own sequence.
+                mask = (mask[None] & (segment_ids[:, :, None] == segment_ids[:, None, :]))[:, None]
+            scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+        else:
+            scores = scores.astype(jnp.float32)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, size.hidden_size)
 
@@ -162,7 +171,7 @@ def jax_train_step(case: Case) -> Any:
         q = (h @ p["wq"]).reshape(b, s, size.num_heads, size.head_size)
         k = (h @ p["wk"]).reshape(b, s, size.num_kv_heads, size.head_size)
         v = (h @ p["wv"]).reshape(b, s, size.num_kv_heads, size.head_size)
-        return causal_attention(rope(q), rope(k), v) @ p["wo"]
+        return attention(rope(q), rope(k), v) @ p["wo"]
 
     def moe_ffn(h: Any, p: dict[str, Any]) -> Any:
         # Token-choice top-k routing, dense dispatch: every expert sees every token, weighted by its gate.
@@ -175,20 +184,20 @@ def jax_train_step(case: Case) -> Any:
 
     def layer(x: Any, p: dict[str, Any]) -> Any:
         if case.family == "llama":
-            x = x + llama_attention(rms_norm(x, p["attn_norm"]), p)
+            x = keep(x + llama_attention(rms_norm(x, p["attn_norm"]), p))
             h = rms_norm(x, p["mlp_norm"])
-            return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+            return keep(x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"])
         if case.family == "gpt2":
             b, s = x.shape[0], x.shape[1]
             h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
             qkv = (h @ p["w_qkv"] + p["b_qkv"]).reshape(b, s, 3, size.num_heads, size.head_size)
-            x = x + causal_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]) @ p["w_proj"] + p["b_proj"]
+            x = keep(x + attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]) @ p["w_proj"] + p["b_proj"])
             h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
-            return x + jax.nn.gelu(h @ p["w_fc"] + p["b_fc"]) @ p["w_out"] + p["b_out"]
+            return keep(x + jax.nn.gelu(h @ p["w_fc"] + p["b_fc"]) @ p["w_out"] + p["b_out"])
         if case.family == "mlp":
-            return x + jax.nn.relu(x @ p["w_in"] + p["b_in"]) @ p["w_out"] + p["b_out"]
-        x = x + llama_attention(rms_norm(x, p["attn_norm"]), p)
-        return x + moe_ffn(rms_norm(x, p["mlp_norm"]), p)
+            return keep(x + jax.nn.relu(x @ p["w_in"] + p["b_in"]) @ p["w_out"] + p["b_out"])
+        x = keep(x + llama_attention(rms_norm(x, p["attn_norm"]), p))
+        return keep(x + moe_ffn(rms_norm(x, p["mlp_norm"]), p))
 
     def step(x: Any, p: dict[str, Any]) -> tuple[Any, None]:
         return layer(x, p), None
@@ -202,39 +211,24 @@ def jax_train_step(case: Case) -> Any:
     elif case.remat is not None:
         raise ValueError(f"remat={case.remat!r} has no JAX builder")
 
+    def stack(x: Any, layer_params: dict[str, Any]) -> Any:
+        y, _ = lax.scan(step, x, layer_params)
+        return y
+
+    return stack
+
+
+def jax_toy_step(case: Case) -> Any:
+    """`train_step(params, x) -> (loss, grads)`: value_and_grad of mean(y**2) after the layer stack."""
+    import jax
+    import jax.numpy as jnp
+
+    stack = jax_layer_stack(case)
+
     def loss_fn(params: dict[str, Any], x: Any) -> Any:
-        y, _ = lax.scan(step, x, params)
-        return jnp.mean(y.astype(jnp.float32) ** 2)
+        return jnp.mean(stack(x, params).astype(jnp.float32) ** 2)
 
     def train_step(params: dict[str, Any], x: Any) -> Any:
         return jax.value_and_grad(loss_fn)(params, x)
 
     return train_step
-
-
-def example_llama_layers() -> Any:
-    """The project's example model module (examples/ is a directory of scripts, not a package)."""
-    if str(EXAMPLES_DIR) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES_DIR))
-    import llama_layers
-
-    return llama_layers
-
-
-def torch_llama(case: Case, mesh: Any) -> tuple[Any, Any]:
-    """(model, x) from the project's example layer stack, sharded as the example shards it."""
-    import torch
-    import torch_xla
-    import torch_xla.distributed.spmd as xs
-
-    example = example_llama_layers()
-    size = case.size
-    # The example layer has plain multi-head attention and no RoPE: heads are all the size it takes.
-    if size.num_kv_heads != size.num_heads:
-        raise ValueError(f"the example layer has no grouped-query attention (num_kv_heads={size.num_kv_heads})")
-    torch.manual_seed(0)
-    model = example.LlamaStack(size.num_layers, size.hidden_size, size.ffn_size, size.num_heads).to(torch_xla.device())
-    example.shard_model(model, mesh)
-    x = torch.randn(size.batch_size, size.seq_len, size.hidden_size).to(torch_xla.device())
-    xs.mark_sharding(x, mesh, example.ACTIVATION_SPEC)
-    return model, x

@@ -1,9 +1,11 @@
 """Reference fixtures on disk, keyed by content: a case is compiled again only when what makes it changes.
 
-The key of a case hashes its config, the sources that build and record it (models, runners, the dump
-readers, the example layer torch_xla runs) and the versions of the compilers (jax, jaxlib, libtpu,
-torch_xla). A cached pair NAME.hlo / NAME.xla.json under `DIR/KEY/` is therefore exactly what the
-runner would write today.
+The key of a case hashes its config, the sources that build and record it (models and steps, runners,
+the dump readers, the example layer torch_xla runs), the runner's arguments and the versions of the
+front ends and compilers (jax, jaxlib, libtpu, torch, torch_xla). The runners start from an
+environment without the variables that steer them (`record.runner_environment`). A cached
+NAME.hlo / NAME.xla.json (with NAME.tpu_pre_propagation.hlo for a TPU case) under `DIR/KEY/` is
+therefore exactly what the runner would write today.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from fidelity.cases import Case
 from fidelity.generate import PROJECT_ROOT, run_case
 
 DEFAULT_CACHE = PROJECT_ROOT / ".cache" / "fidelity"
-# What a fixture is made from, besides its case's config.
-_SOURCES = ("fidelity/models.py", "fidelity/run_jax.py", "fidelity/run_torch_xla.py", "fidelity/record.py",
-            "fidelity/dumps.py", "examples/llama_layers.py")  # fmt: skip
-_COMPILERS = ("jax", "jaxlib", "libtpu", "torch_xla")
+# What a fixture is made from, besides its case's config: every module the runners import.
+_SOURCES = ("fidelity/models.py", "fidelity/steps.py", "fidelity/torch_models.py", "fidelity/run_jax.py",
+            "fidelity/run_torch_xla.py", "fidelity/record.py", "fidelity/dumps.py", "fidelity/hlo_text.py",
+            "examples/llama_layers.py")  # fmt: skip
+_COMPILERS = ("jax", "jaxlib", "libtpu", "torch", "torch_xla")
+# The cache keeps XLA:TPU's module entering propagation beside each TPU case's fixture.
+CACHE_RUNNER_ARGS = ("--tpu-pre-propagation",)
 
 
 def cache_dir() -> Path:
@@ -44,6 +49,7 @@ def content_key(case: Case) -> str:
         digest.update((PROJECT_ROOT / source).read_bytes())
     for package in _COMPILERS:
         digest.update(f"{package}=={_installed(package)}".encode())
+    digest.update(" ".join(CACHE_RUNNER_ARGS).encode())
     return digest.hexdigest()[:16]
 
 
@@ -59,7 +65,7 @@ def ensure_references(cases: list[Case], jobs: int = 1) -> list[str]:
         print(f"generating {len(missing)} of {len(cases)} references into {cache_dir()}", file=sys.stderr)
 
     def one(case: Case) -> str | None:
-        return None if run_case(case, reference_path(case).parent, None) else case.name
+        return None if run_case(case, reference_path(case).parent, None, CACHE_RUNNER_ARGS) else case.name
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return [name for name in pool.map(one, missing) if name is not None]

@@ -1,6 +1,6 @@
 """Run one torch_xla training step with SPMD on virtual CPU devices and record the module XLA compiled.
 
-    python -m fidelity.run_torch_xla NAME --out DIR [--dumps DIR]
+    python -m fidelity.run_torch_xla NAME --out DIR [--dumps DIR] [--disable-passes A,B,C] [--dump-all]
 
 NAME.hlo is the step's module as XLA dumps it before optimizations, which is what a user sends. torch_xla
 has no compiled-memory-stats API (and its runtime `get_memory_info` is unimplemented on CPU), so the
@@ -18,8 +18,8 @@ from typing import Any
 
 from fidelity.cases import Case
 from fidelity.dumps import allocation_bytes_by_kind, largest_module, while_shapes, xla_flags
-from fidelity.models import example_llama_layers, torch_llama
-from fidelity.record import count_opcode, mesh_record, process_maxrss_bytes, runner_main, write_fixture
+from fidelity.record import RunOptions, count_opcode, mesh_record, process_maxrss_bytes, runner_main, write_fixture
+from fidelity.torch_models import LM_PARTITION_SPECS, TOKENS_SPEC, example_llama_layers, lm_loss, torch_llama, torch_lm
 
 
 def _partition_fn(case: Case) -> Any:
@@ -39,12 +39,33 @@ def _notes(case: Case) -> str:
         "gradients disabled (torch_xla.experimental.scan.shard_as replaced by the identity)",
         "loop": "a plain Python loop over model.layers (no scan)",
     }[case.torch_mode]
-    return (
+    stack = (
         f"{run} over examples/llama_layers.py's LlamaStack "
         "(RMSNorm, SwiGLU, causal mask, no RoPE; weights sharded by its shard_model, each layer's output "
-        "pinned with mark_sharding_with_gradients to its ACTIVATION_SPEC, x marked the same); "
-        "loss = y.pow(2).mean(); loss.backward(); torch_xla.sync() computes loss and every gradient (no "
-        "optimizer update). SPMD (torch_xla.runtime.use_spmd()) on PJRT_DEVICE=CPU CPU_NUM_DEVICES="
+        "pinned with mark_sharding_with_gradients to its ACTIVATION_SPEC"
+    )
+    if case.step == "toy":
+        step = (
+            f"{stack}, x marked the same); loss = y.pow(2).mean(); loss.backward(); torch_xla.sync() computes "
+            "loss and every gradient (no optimizer update)"
+        )
+    else:
+        head = "head.weight = embed.weight (tied)" if case.step == "lm_tied" else "head nn.Linear(D, V, bias=False)"
+        update = (
+            "; torch.optim.AdamW(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1) stepped inside the traced graph "
+            "(its state initialised by one step on zero gradients, run before, so m, v and the params are the "
+            "step's inputs)"
+            if case.optimizer
+            else " (no optimizer update)"
+        )
+        step = (
+            f"language model: int64 tokens [B,S+1] marked {TOKENS_SPEC}; nn.Embedding(V, D) of tokens[:, :-1], "
+            f"{stack}), RMSNorm, {head}; weights {LM_PARTITION_SPECS}; logits.float(), "
+            "F.cross_entropy against tokens[:, 1:] (log_softmax + nll_loss: a gather); loss.backward()"
+            f"{update}; torch_xla.sync() runs it all"
+        )
+    return (
+        f"{step}. SPMD (torch_xla.runtime.use_spmd()) on PJRT_DEVICE=CPU CPU_NUM_DEVICES="
         f"{case.mesh.num_devices}, xs.Mesh(np.arange(n), shape, axis_names). NAME.hlo = the largest "
         "*before_optimizations.txt module in the --xla_dump_to dump, verbatim. xla_per_device_total_bytes = "
         "sum of all allocations in its cpu_after_optimizations-buffer-assignment.txt (by kind in "
@@ -53,7 +74,7 @@ def _notes(case: Case) -> str:
     )
 
 
-def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
+def run(case: Case, out_dir: Path, dump_dir: Path, options: RunOptions) -> None:
     started = time.perf_counter()
     import numpy as np
     import torch
@@ -65,24 +86,37 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
 
     xr.use_spmd()
     mesh = xs.Mesh(np.arange(case.mesh.num_devices), case.mesh.shape, case.mesh.axis_names)
-    model, x = torch_llama(case, mesh)
+    model, x = torch_llama(case, mesh) if case.step == "toy" else torch_lm(case, mesh)
+    layers = model.layers if case.step == "toy" else model.stack.layers
+    optimizer = None
+    if case.optimizer:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        # AdamW creates its state on its first step: take that step now, on zero gradients, so the
+        # recorded step reads m and v as its inputs like every later one.
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
     # Run anything still pending from building the model now, so the step compiles as a module of its own.
     torch_xla.sync()
 
     for p in model.parameters():
         p.grad = None
-    if case.torch_mode == "loop":
-        y = x
-        for layer in model.layers:
-            y = layer(y)
-    else:
-        if case.torch_mode == "scan_no_shard_as":
-            import torch_xla.experimental.scan as scan_module
+    if case.torch_mode == "scan_no_shard_as":
+        import torch_xla.experimental.scan as scan_module
 
-            scan_module.shard_as = lambda a, b: (a, b)
-        y = scan_layers(model.layers, x, partition_fn=_partition_fn(case))
-    loss = y.pow(2).mean()
+        scan_module.shard_as = lambda a, b: (a, b)
+
+    def run_layers(h: Any) -> Any:
+        if case.torch_mode == "loop":
+            for layer in layers:
+                h = layer(h)
+            return h
+        return scan_layers(layers, h, partition_fn=_partition_fn(case))
+
+    loss = run_layers(x).pow(2).mean() if case.step == "toy" else lm_loss(model, x, run_layers)
     loss.backward()
+    if optimizer is not None:
+        optimizer.step()
     t0 = time.perf_counter()
     torch_xla.sync()
     loss_value = float(loss.item())
@@ -93,7 +127,8 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
     hlo_text = module.before_optimizations.read_text()
     by_kind = allocation_bytes_by_kind(module.buffer_assignment.read_text())
     spec = torch_xla._XLAC._get_xla_sharding_spec
-    named = list(model.layers.named_parameters())
+    named = list(layers.named_parameters())
+    around = [(n, p) for n, p in model.named_parameters() if not n.startswith("stack.")] if case.step != "toy" else []
 
     example = example_llama_layers()
     specs = example.PARTITION_SPECS
@@ -106,6 +141,9 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
         "param_partition_specs": {n: list(specs[n.split(".", 1)[1]]) for n, _ in named if n.split(".", 1)[1] in specs},
         "xla_param_shardings": {n: spec(p) for n, p in named},
         "gradient_shardings": {n: spec(p.grad) for n, p in named},
+        # The language model's own weights (embedding, final norm, head), by their names in the model.
+        "lm_param_shardings": {n: spec(p) for n, p in around} if around else None,
+        "lm_gradient_shardings": {n: spec(p.grad) for n, p in around} if around else None,
         "xla_per_device_total_bytes": sum(by_kind.values()),
         "xla_allocation_bytes_by_kind": by_kind,
         "xla_post_partition_while_shapes": while_shapes(module.after_spmd_partitioning.read_text()),
@@ -121,6 +159,7 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
         "step_seconds": round(step_seconds, 3),
         "opt_barrier_count": count_opcode(hlo_text, "opt-barrier"),
         "dump_files": module.file_names(),
+        "experiment": options.experiment(),
         "process_maxrss_bytes": process_maxrss_bytes(),
         "wall_seconds": round(time.perf_counter() - started, 2),
         "notes": _notes(case),
@@ -128,10 +167,10 @@ def run(case: Case, out_dir: Path, dump_dir: Path) -> None:
     write_fixture(out_dir, case.name, hlo_text, record)
 
 
-def set_environment(case: Case, dump_dir: Path) -> None:
+def set_environment(case: Case, dump_dir: Path, options: RunOptions) -> None:
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(case.mesh.num_devices)
-    os.environ["XLA_FLAGS"] = xla_flags(dump_dir)
+    os.environ["XLA_FLAGS"] = xla_flags(dump_dir, dump_all=options.dump_all, disabled_passes=options.disabled_passes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,14 @@ def test_subset_spans_the_grid() -> None:
     assert {c.chip for c in jax_cases} == {"v6e", "v5e", "v5p", "v4"}
     assert any(len(c.mesh.shape) == 3 for c in CI_SUBSET) and any(c.pinned for c in CI_SUBSET)
     assert {c.torch_mode for c in CI_SUBSET if c.front_end == "torch_xla"} == {"scan", "loop"}
-    assert len(CI_SUBSET) >= 12
+    # Whole steps: language models tied and untied, both cross-entropy spellings, AdamW over bf16 params
+    # with an f32 master copy, accumulation; GSPMD among them (its arguments and outputs are checked to the byte).
+    assert {c.step for c in jax_cases} == {"toy", "lm", "lm_tied"}
+    assert {c.cross_entropy for c in jax_cases} == {None, "take_along_axis", "one_hot"}
+    assert any(c.step == "lm_tied" and c.optimizer and c.mixed_precision for c in jax_cases)
+    assert any(c.microbatches > 1 for c in jax_cases)
+    assert any(c.step != "toy" and c.partitioner == "gspmd" and not c.optimizer for c in jax_cases)
+    assert len(CI_SUBSET) >= 15
 
 
 @pytest.mark.parametrize("case", CI_SUBSET, ids=[c.name for c in CI_SUBSET])

@@ -97,6 +97,8 @@ def render_plan(plan: Plan) -> str:
             lines.append(f"      root cause: {cause.instruction} ({cause.opcode}) drops {dropped}: {cause.notation}")
             if cause.source:
                 lines.append(f"        at {cause.source}")
+        if f.compiler_only is not None:
+            lines.append(f"      {f.compiler_only}")
     if plan.conflicts:
         lines.append(f"  shard_as groups in conflict: {len(plan.conflicts)}")
         for c in plan.conflicts:

@@ -56,6 +56,11 @@ class FindingInfo(BaseModel):
     shard_shape: list[int] | None = Field(
         default=None, description="the buffer's per-device shape under its current sharding, e.g. [8,256,512]"
     )
+    compiler_only: str | None = Field(
+        default=None,
+        description="on a TPU chip, when XLA:CPU decides otherwise for this buffer: what it does, and which of "
+        "XLA:TPU's passes make the difference",
+    )
 
 
 class GroupMemberInfo(BaseModel):

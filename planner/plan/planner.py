@@ -27,6 +27,7 @@ from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memor
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine
 from planner.mesh import Mesh
+from planner.plan.compiler_only import compiler_only
 from planner.plan.findings import Finding, buffer_findings
 from planner.plan.groups import shard_group_conflicts
 from planner.plan.manifest import Manifest
@@ -53,7 +54,7 @@ from planner.plan.scan_pairs import stacked_gradients
 from planner.plan.verdict import verdict
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
-from planner.prepare import PreparedModule, prepare, reprepare
+from planner.prepare import PreparedModule, annotate, prepare, reprepare
 from planner.propagation import PropagationResult, ShardingPropagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding
@@ -140,6 +141,7 @@ def _make_plan(
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
     gradients = stacked_gradients(seen, before.result, manifest, mesh)
     findings = buffer_findings(seen, before.result, num_devices, threshold, min_bytes, gradients=gradients)
+    only_here = compiler_only(prepared, findings, threshold, min_bytes, manifest)
     names = name_table(seen, manifest, gradients=gradients)
     conflicts = shard_group_conflicts(prepared, before.result)
 
@@ -158,7 +160,8 @@ def _make_plan(
     def with_placements(chosen: list[Placement]) -> Simulation:
         key = frozenset(p.id for p in chosen)
         if key not in simulations:
-            simulations[key] = simulate(reprepare(prepared, apply_placements(prepared.front, chosen)), capacity_bytes)
+            patched = annotate(prepared, lambda module: apply_placements(module, chosen))
+            simulations[key] = simulate(patched, capacity_bytes)
         return simulations[key]
 
     alone = {p.id: with_placements([p]).total for p in candidates}
@@ -196,7 +199,7 @@ def _make_plan(
             chosen, after = every, everything
             pin_every = True
 
-    patched = apply_placements(prepared.front, chosen)
+    patched = after.prepared.front
     plan = Plan(
         module=module.name,
         num_partitions=module.attr("num_partitions"),
@@ -215,7 +218,7 @@ def _make_plan(
             top_buffers_before=[_buffer(b, names) for b in before.memory.top_buffers],
             top_buffers_after=[_buffer(b, names) for b in after.memory.top_buffers],
         ),
-        findings=[_finding(before, after, f, axes, names) for f in findings],
+        findings=[_finding(before, after, f, axes, names, only_here.get(f.key)) for f in findings],
         conflicts=[
             ConflictInfo(group=c.group, members=[GroupMemberInfo(**asdict(m)) for m in c.members]) for c in conflicts
         ],
@@ -355,9 +358,11 @@ def _placement(p: Placement, alone: int | None, recommended: bool, why: str, nam
     )
 
 
-def _finding(before: Simulation, after: Simulation, finding: Finding, mesh: Mesh, names: NameTable) -> FindingInfo:
+def _finding(
+    before: Simulation, after: Simulation, finding: Finding, mesh: Mesh, names: NameTable, compiler_only: str | None
+) -> FindingInfo:
     cause = root_cause(before.module, before.result, finding.instruction, mesh)
-    info = FindingInfo(**asdict(finding))
+    info = FindingInfo(**asdict(finding), compiler_only=compiler_only)
     info.name = names.element(finding.loop, finding.index)
     carried = before.module.instruction(finding.loop).shape
     element = carried.leaves()[finding.index]

@@ -31,7 +31,7 @@ def _dead_in(comp: ComputationEdit, edit: ModuleEdit) -> list[str]:
     while changed:
         changed = False
         for inst in reversed(list(comp)):
-            if comp.users(inst.name) or inst.name == comp.root_name or not _removable(inst, comp, edit):
+            if comp.has_users(inst.name) or inst.name == comp.root_name or not _removable(inst, comp, edit):
                 continue
             comp.remove(inst.name)
             removed.append(inst.name)
@@ -131,7 +131,7 @@ def _replace_keeping_sharding(comp: ComputationEdit, old: Instruction, new_name:
             attrs = (*new.attributes, *(a for a in old.attributes if a.key == "sharding"))
             comp.replace(dataclasses.replace(new, attributes=attrs))
     comp.replace_uses(old.name, new_name)
-    if not comp.users(old.name) and old.name != comp.root_name:
+    if not comp.has_users(old.name) and old.name != comp.root_name:
         comp.remove(old.name)
     return True
 

@@ -40,6 +40,7 @@ class ComputationEdit:
         for inst in comp.instructions:
             for op in dict.fromkeys(inst.operands):
                 self._users[op].append(inst.name)
+        self._positions: dict[str, int] | None = None  # built on demand, dropped when the order changes
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -63,13 +64,18 @@ class ComputationEdit:
 
     @property
     def parameters(self) -> list[Instruction]:
-        params = [self._insts[n] for n in self._order if self._insts[n].opcode == "parameter"]
+        params = [i for i in self._insts.values() if i.opcode == "parameter"]
         return sorted(params, key=lambda i: i.parameter_number or 0)
 
     def users(self, name: str) -> list[Instruction]:
         """Instructions that read `name`, in program order, once each."""
-        position = {n: k for k, n in enumerate(self._order)}
+        if self._positions is None:
+            self._positions = {n: k for k, n in enumerate(self._order)}
+        position = self._positions
         return [self._insts[u] for u in sorted(self._users[name], key=position.__getitem__)]
+
+    def has_users(self, name: str) -> bool:
+        return bool(self._users[name])
 
     def position(self, name: str) -> int:
         return self._order.index(name)
@@ -82,6 +88,7 @@ class ComputationEdit:
             raise ValueError(f"{inst.name} is already in {self.name}")
         anchor = before if before is not None else self.root_name
         self._order.insert(self._order.index(anchor), inst.name)
+        self._positions = None
         self._insts[inst.name] = inst
         self._users[inst.name] = []
         for op in dict.fromkeys(inst.operands):
@@ -120,6 +127,7 @@ class ComputationEdit:
             raise ValueError(f"{name} in {self.name} is still used")
         inst = self._insts.pop(name)
         self._order.remove(name)
+        self._positions = None
         for op in dict.fromkeys(inst.operands):
             self._users[op].remove(name)
         del self._users[name]

@@ -9,7 +9,8 @@ and so what propagation decides; its pipeline models the passes that change deci
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.hlo.ir import HloModule
@@ -100,6 +101,7 @@ def prepare(
     options: PropagationOptions | None = None,
     *,
     pass_input: bool = False,
+    disabled: frozenset[str] = frozenset(),
 ) -> PreparedModule:
     """`module` as `target`'s compiler will partition it, with its mesh resolved and checked.
 
@@ -108,6 +110,8 @@ def prepare(
     default to the module header's, as XLA's compile takes them. `pass_input` says the module is
     already what the propagation pass receives (a dump taken at the pass, or the module of one of
     XLA's own propagation tests, which run the pass alone): no pass runs on it but reading Shardy.
+    `disabled` names target passes not to run, as XLA's `--xla_disable_hlo_passes` does: the
+    experiment that tells which pass changes a decision.
     """
     backend = backend_of(target)
     warnings = tuple(mesh_warnings(module, mesh))
@@ -118,7 +122,7 @@ def prepare(
     if pass_input:
         return PreparedModule(module, front, front, backend, mesh, options, aliases, while_loops(front),
                               tuple(records), warnings)  # fmt: skip
-    return _target_passes(module, front, backend, mesh, options, aliases, records, warnings)
+    return _target_passes(module, front, backend, mesh, options, aliases, records, warnings, disabled)
 
 
 def reprepare(prepared: PreparedModule, front: HloModule, mesh: Mesh | None = None) -> PreparedModule:
@@ -126,8 +130,23 @@ def reprepare(prepared: PreparedModule, front: HloModule, mesh: Mesh | None = No
     mesh = mesh if mesh is not None else prepared.mesh
     return _target_passes(
         prepared.source, front, prepared.target, mesh, prepared.options, prepared.aliases,
-        prepared.passes[: _front_records(prepared)], prepared.warnings,
+        prepared.passes[: _front_records(prepared)], prepared.warnings, prepared.disabled,
     )  # fmt: skip
+
+
+def annotate(prepared: PreparedModule, write: Callable[[HloModule], HloModule]) -> PreparedModule:
+    """`prepared` with annotations written (by `write`) into both its front and the module its
+    compiler partitions, without running the passes again.
+
+    Sharding annotations commute with every pass the pipelines model: none moves, merges or removes
+    an annotated value or its annotation (loop-invariant motion hoists an annotation only with the
+    invariant value it annotates, CSE compares shardings, the algebraic simplifier leaves annotated
+    values alone, dead-code removal keeps an annotation of a value something reads), so writing
+    them after the passes is writing them before. `write` must find its anchors in both modules:
+    the passes keep the names of the instructions and computations they do not remove.
+    """
+    module = write(prepared.module)
+    return dataclasses.replace(prepared, front=write(prepared.front), module=module, loops=while_loops(module))
 
 
 def _target_passes(
@@ -139,8 +158,9 @@ def _target_passes(
     aliases: Mapping[str, str],
     records: Sequence[PassRecord],
     warnings: tuple[str, ...],
+    disabled: frozenset[str] = frozenset(),
 ) -> PreparedModule:
-    module, target_aliases, target_records = _run(front, TARGET_PASSES[backend.compiler])
+    module, target_aliases, target_records = _run(front, _without(TARGET_PASSES[backend.compiler], disabled))
     merged = dict(aliases)
     merged.update(target_aliases)
     # A pass may give a new instruction a name an earlier one retired: the live instruction owns it.
@@ -157,7 +177,22 @@ def _target_passes(
         loops=while_loops(module),
         passes=(*records, *target_records),
         warnings=warnings,
+        disabled=disabled,
     )
+
+
+def _without(passes: Sequence[ModulePass], disabled: frozenset[str]) -> tuple[ModulePass, ...]:
+    """The passes less those named in `disabled`, inside fixed points too."""
+    if not disabled:
+        return tuple(passes)
+    kept: list[ModulePass] = []
+    for p in passes:
+        if pass_name(p) in disabled:
+            continue
+        if isinstance(p, FixedPoint):
+            p = FixedPoint(p.name, _without(p.passes, disabled))
+        kept.append(p)
+    return tuple(kept)
 
 
 def _run(module: HloModule, passes: Sequence[ModulePass]) -> tuple[HloModule, dict[str, str], list[PassRecord]]:

@@ -42,6 +42,7 @@ class PreparedModule:
     loops: tuple[WhileLoop, ...]
     passes: tuple[PassRecord, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    disabled: frozenset[str] = frozenset()  # target passes not run (`prepare`'s `disabled`)
 
     @property
     def compiler(self) -> str:

@@ -294,7 +294,7 @@ def propagate_scalar_constants(loop: LoopView) -> str | None:
         for read in list(comp.users(parameter(comp).name)):
             if read.opcode != "get-tuple-element" or read.attr("index") not in constants:
                 continue
-            if not comp.users(read.name) and read.name != comp.root_name:
+            if not comp.has_users(read.name) and read.name != comp.root_name:
                 continue
             value = constants[read.attr("index")]
             copy = dataclasses.replace(value, name=loop.edit.fresh_name(f"{value.name}.clone"))

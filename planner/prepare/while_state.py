@@ -137,7 +137,7 @@ def remove_elements(loop: LoopView, keep: list[int], final_as: int | None = None
         else:
             parent.replace_uses(user.name, initial[index])
             parent.remove(user.name)
-    if init.opcode == "tuple" and not parent.users(init.name) and init.name != parent.root_name:
+    if init.opcode == "tuple" and not parent.has_users(init.name) and init.name != parent.root_name:
         parent.remove(init.name)
 
 
@@ -157,7 +157,7 @@ def append_elements(loop: LoopView, values: list[str]) -> list[str]:
     init_name = loop.edit.fresh_name("tuple")
     parent.add(tuple_of(init_name, operands, shape.elements), before=loop.name)
     parent.replace(dataclasses.replace(loop.instruction, operands=(init_name,), shape=shape))
-    if init.opcode == "tuple" and not parent.users(init.name):
+    if init.opcode == "tuple" and not parent.has_users(init.name):
         parent.remove(init.name)
     live_in = []
     for comp in (loop.body, loop.condition):
