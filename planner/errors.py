@@ -66,3 +66,7 @@ class PlanningError(PlannerError):
 
 class Unverifiable(PlanningError):
     """No faithful compile of this module is possible here (the message says why): verify says so instead."""
+
+
+class UnfaithfulConversion(Unverifiable):
+    """The module has no StableHLO that jaxlib turns back into it, so jaxlib's compilers cannot compile it as given."""

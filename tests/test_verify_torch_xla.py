@@ -3,8 +3,8 @@
 The corpus's truth files hold torch_xla's own run of each step: the sum of XLA:CPU's buffer
 allocations per device and the While shapes right after SPMD partitioning. Verification compiles
 the dumped module with torch_xla's own XLA (`planner.plan.torch_xla_compile`) and must give both
-back exactly; jaxlib's StableHLO path does not (it reorders loop tuples and GSPMD then decides
-differently), which is why it is not used for these modules.
+back exactly. XLA:TPU, which only jaxlib reaches, compiles the faithful StableHLO of the module
+(`planner.plan.stablehlo`, checked against the same truths in `test_faithful_stablehlo.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from planner.plan.verify import compile_with_torch_xla
 from planner.prepare import prepare
 
 TORCH_XLA = CORPUS / "torch_xla"
+# libtpu 0.0.20 compiling the bundled dump's own HLO proto for v6e:2x4, per chip: argument + output + temp - alias.
+XLA_TPU_ON_THE_PROTO_BYTES = 207_877_152
 TRUTHS = sorted(TORCH_XLA.glob("*.truth.json"))
 _LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")
 
@@ -58,11 +60,15 @@ def test_verify_on_the_bundled_torch_xla_dump_agrees_with_torch_xla() -> None:
     measured_saving = base["xla_per_device_total_bytes"] - fixed["xla_per_device_total_bytes"]
     assert abs(v.xla_saving_bytes - measured_saving) <= 0.2 * measured_saving, (v.xla_saving_bytes, measured_saving)
     assert v.gradient_check is None and v.stacked_gradients_at_shard, v.gradient_mismatches
-    # XLA:TPU reads the module through jaxlib, which partitions this step unlike torch_xla: withheld, with the reason.
-    assert v.tpu is None and v.tpu_skipped is not None and "StableHLO" in v.tpu_skipped
+    # XLA:TPU on the faithful StableHLO: the dump's bytes are libtpu's on the dump's own HLO proto (its PJRT C API
+    # compiling program format "hlo" for v6e:2x4, as torch_xla hands a TPU its module).
+    assert v.tpu is not None and v.tpu_skipped is None, v.tpu_skipped
+    assert v.tpu.topology == "v6e:2x4" and "XLA:TPU, libtpu" in v.tpu.xla
+    assert v.tpu.before_total_bytes == XLA_TPU_ON_THE_PROTO_BYTES
+    assert v.tpu.after_total_bytes > 0 and v.tpu.predicted_before_bytes == plan.hbm.total_before
     text = render_plan(plan)
-    assert "partitioned loops carry" not in text
-    assert "XLA:TPU not verified: XLA:TPU reads modules only through jaxlib's StableHLO path" in text
+    assert "partitioned loops carry" not in text and "XLA:TPU not verified" not in text
+    assert "(XLA:TPU, libtpu 0.0.20, GSPMD ahead of time for v6e:2x4): bytes per chip 198.2 MiB -> " in text
 
 
 @pytest.mark.xla

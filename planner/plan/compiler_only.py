@@ -19,8 +19,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from planner.hlo.ir import HloModule
-from planner.plan.findings import Finding, buffer_findings
+from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
 from planner.plan.manifest import Manifest
+from planner.plan.output_pairs import output_gradients
 from planner.plan.scan_pairs import output_positions, stacked_gradients
 from planner.prepare import PreparedModule, prepare
 from planner.propagation import propagate
@@ -38,10 +39,12 @@ class PassGroup:
         return ", ".join(sorted(self.passes))
 
 
+LOOP_PASSES = frozenset(
+    {"while-loop-constant-sinking", "simplify-while-loops", "while-loop-invariant-code-motion", "hlo-module-dce"}
+)
 TPU_PASS_GROUPS: tuple[PassGroup, ...] = (
     PassGroup(
-        frozenset({"while-loop-constant-sinking", "simplify-while-loops", "while-loop-invariant-code-motion",
-                   "hlo-module-dce"}),  # fmt: skip
+        LOOP_PASSES,
         "they take constants and repeated or dead elements out of the loop's carried tuple, so nothing "
         "ties the loop's carry to the sharding those elements had",
     ),
@@ -59,16 +62,21 @@ TPU_PASS_GROUPS: tuple[PassGroup, ...] = (
 
 
 def _identity(module: HloModule, prepared: PreparedModule, finding: Finding) -> Hashable:
+    if finding.kind == GRADIENT_OUTPUT:
+        return ("outputs", (finding.index,))
     loop = prepared.loop(finding.loop)
     positions = output_positions(module, loop, finding.index)
     return ("outputs", tuple(positions)) if positions else (finding.kind, finding.shape)
 
 
-def _findings(prepared: PreparedModule, threshold: float, min_bytes: int, manifest: Manifest | None) -> Counter[Hashable]:
+def _findings(
+    prepared: PreparedModule, threshold: float, min_bytes: int, manifest: Manifest | None
+) -> Counter[Hashable]:
     result = propagate(prepared)
     module = prepared.module
     gradients = stacked_gradients(module, result, manifest, prepared.mesh)
     found = buffer_findings(module, result, _num_devices(prepared), threshold, min_bytes, gradients=gradients)
+    found += output_findings(module, output_gradients(prepared, result), threshold, min_bytes)
     return Counter(_identity(module, prepared, f) for f in found)
 
 
@@ -122,7 +130,8 @@ def _causes(
 
 
 def _why(finding: Finding, groups: list[PassGroup]) -> str:
-    what = "shards this gradient like its parameter" if finding.kind == "stacked-gradient" else "splits this buffer"
+    gradient = finding.kind in ("stacked-gradient", GRADIENT_OUTPUT)
+    what = "shards this gradient like its parameter" if gradient else "splits this buffer"
     head = f"XLA:CPU {what}; XLA:TPU does not"
     if not groups:
         return f"{head}: its pre-partitioning passes together make the difference (disabling no one group of them does)"

@@ -17,13 +17,16 @@ from planner.hlo.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest
+from planner.plan.output_pairs import OutputGradient
 from planner.plan.scan_pairs import StackedGradient, carried_loops, is_stacked, stacked_gradients
 from planner.propagation import PropagationResult
+
+GRADIENT_OUTPUT = "gradient-output"
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "stacked-gradient" | "large-buffer"
+    kind: str  # "stacked-gradient" | "large-buffer" | "gradient-output" (loop: the entry, index: its output)
     loop: str
     index: int
     instruction: str  # the body root operand that produces the element each iteration
@@ -97,3 +100,30 @@ def buffer_findings(
                 )
     findings.sort(key=lambda f: (f.kind != "stacked-gradient", -f.waste_bytes))
     return findings
+
+
+def output_findings(
+    module: HloModule, gradients: list[OutputGradient], threshold: float = 1.5, min_bytes: int = 1 << 20
+) -> list[Finding]:
+    """Returned gradients split over fewer devices than their parameter, largest waste first."""
+    findings = []
+    for g in gradients:
+        current, ideal = per_device_bytes(g.shape, g.sharding), per_device_bytes(g.shape, g.ideal)
+        waste = current - ideal
+        if current > ideal * threshold and waste >= min_bytes:
+            findings.append(
+                Finding(
+                    kind=GRADIENT_OUTPUT,
+                    loop=module.entry_name,
+                    index=g.position,
+                    instruction=g.value,
+                    shape=g.shape.to_text(with_layout=False),
+                    current_sharding=g.sharding.to_short_text() if g.sharding is not None else "{replicated}",
+                    ideal_sharding=g.ideal.to_short_text(),
+                    per_device_bytes=current,
+                    ideal_per_device_bytes=ideal,
+                    waste_bytes=waste,
+                    matched_parameter=g.parameter,
+                )
+            )
+    return sorted(findings, key=lambda f: -f.waste_bytes)

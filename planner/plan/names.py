@@ -34,14 +34,17 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from planner.hlo.debug_info import source_location
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import WhileLoop, invariant_elements, while_loops
 from planner.hlo.shapes import ArrayShape
 from planner.plan.manifest import Manifest
-from planner.plan.placements import Placement
 from planner.plan.scan_pairs import StackedGradient, is_stacked
+
+if TYPE_CHECKING:  # placements name returned gradients through this module's names
+    from planner.plan.placements import Placement
 
 # Ops through which a value is still the same tensor (a layout or dtype away).
 _CARRIERS = frozenset("reshape bitcast copy convert transpose".split())

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
 from planner.plan.manifest import AxisSpec
+from planner.plan.output_pairs import OutputGradient
 from planner.plan.scan_pairs import StackedGradient, is_shard_group_only, layer_sharding
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
@@ -90,6 +91,20 @@ def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | N
             if gradient.name is not None and spec is not None
             else None
         ),
+    )
+
+
+def pin_output(module: HloModule, gradient: OutputGradient) -> Placement:
+    """Pin a returned gradient to its parameter's sharding just before the step returns it (JAX:
+    `with_sharding_constraint` on it, or `out_shardings`; torch_xla: `mark_sharding` on the gradient)."""
+    key = f"{module.entry_name}[{gradient.position}]"
+    ideal = gradient.ideal.to_short_text()
+    return Placement(
+        id=f"pin-output:{gradient.position}",
+        kind="pin-output",
+        summary=f"pin output {gradient.position}, the gradient of {gradient.label}, to {ideal} where returned",
+        fixes=(key,),
+        annotations=(Annotation(module.entry_name, gradient.value, ideal),),
     )
 
 

@@ -28,7 +28,7 @@ from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine
 from planner.mesh import Mesh
 from planner.plan.compiler_only import compiler_only
-from planner.plan.findings import Finding, buffer_findings
+from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
 from planner.plan.groups import shard_group_conflicts
 from planner.plan.manifest import Manifest
 from planner.plan.model import (
@@ -48,7 +48,8 @@ from planner.plan.model import (
 )
 from planner.plan.names import NameTable, name_table
 from planner.plan.next_steps import Step, beyond_sharding
-from planner.plan.placements import Placement, apply_placements, max_group_id, pin_parameter, split_group
+from planner.plan.output_pairs import output_gradients
+from planner.plan.placements import Placement, apply_placements, max_group_id, pin_output, pin_parameter, split_group
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import stacked_gradients
 from planner.plan.verdict import verdict
@@ -141,13 +142,18 @@ def _make_plan(
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
     gradients = stacked_gradients(seen, before.result, manifest, mesh)
     findings = buffer_findings(seen, before.result, num_devices, threshold, min_bytes, gradients=gradients)
+    returned = output_gradients(prepared, before.result)
+    findings += output_findings(seen, returned, threshold, min_bytes)
     only_here = compiler_only(prepared, findings, threshold, min_bytes, manifest)
     names = name_table(seen, manifest, gradients=gradients)
     conflicts = shard_group_conflicts(prepared, before.result)
 
     pins = {g.key: p for g in gradients if (p := pin_parameter(seen, g)) is not None}
-    # Candidates: gradients not already sharded like their parameter, and conflicting groups.
+    # Candidates: gradients not already sharded like their parameter, returned gradients found
+    # under-sharded, and conflicting groups.
     candidates = [pins[g.key] for g in gradients if g.key in pins and g.sharding != g.ideal]
+    flagged = {f.index for f in findings if f.kind == GRADIENT_OUTPUT}
+    candidates += [pin_output(seen, g) for g in returned if g.position in flagged]
     next_id = max_group_id(seen) + 1
     for conflict in conflicts:
         split = split_group(seen, conflict.group, next_id)
@@ -363,6 +369,10 @@ def _finding(
 ) -> FindingInfo:
     cause = root_cause(before.module, before.result, finding.instruction, mesh)
     info = FindingInfo(**asdict(finding), compiler_only=compiler_only)
+    if cause is not None:
+        info.root_cause = RootCauseInfo(**{**asdict(cause), "dropped_axes": list(cause.dropped_axes)})
+    if finding.kind == GRADIENT_OUTPUT:
+        return _output_finding(before, after, finding, info, names)
     info.name = names.element(finding.loop, finding.index)
     carried = before.module.instruction(finding.loop).shape
     element = carried.leaves()[finding.index]
@@ -376,8 +386,20 @@ def _finding(
         info.per_device_bytes_after = per_device_bytes(
             leaf, leaf_shardings(loop.shape, after.result.sharding(finding.loop))[finding.index]
         )
-    if cause is not None:
-        info.root_cause = RootCauseInfo(**{**asdict(cause), "dropped_axes": list(cause.dropped_axes)})
+    return info
+
+
+def _output_finding(before: Simulation, after: Simulation, finding: Finding, info: FindingInfo,
+                    names: NameTable) -> FindingInfo:  # fmt: skip
+    """A returned gradient: its entry output before and after the plan."""
+    param = before.module.entry[finding.matched_parameter or ""]
+    parameter = names.parameter(param.parameter_number or 0)
+    info.name = f"grad of {parameter}" if parameter else None
+    value = before.module.entry[finding.instruction]
+    if isinstance(value.shape, ArrayShape):
+        info.shard_shape = _shard_shape(value.shape.dims, before.result.sharding(value.name))
+        returned = after.module.entry.root.operands[finding.index]
+        info.per_device_bytes_after = per_device_bytes(value.shape, after.result.sharding(returned))
     return info
 
 

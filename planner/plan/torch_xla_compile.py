@@ -5,12 +5,12 @@ process: torch_xla reads its device count and XLA's flags once. Reads
 `{"hlo": TEXT, "num_devices": N, "parameters": parameter_specs(module)}` as JSON on stdin and prints one JSON line with
 XLA's per-device bytes and each While's carried tuple after SPMD partitioning.
 
-Why not jaxlib: jaxlib compiles only StableHLO, and the trip HLO -> MLIR -> HLO
-reorders the elements of While loops' carried tuples. GSPMD's propagation is
-order-dependent, so on torch_xla's scan steps it then decides differently (it
-finds full shardings for gradients torch_xla's own compile leaves 1D-sharded:
-368.4 MiB per device where torch_xla measured 633.4 MiB). torch_xla compiles the
-proto its lowering built; this module gives it the dump's own proto:
+Why torch_xla's XLA: it is the compiler that compiles the step. jaxlib compiles
+only StableHLO and canonicalizes it on the way back to HLO, which changes
+GSPMD's decisions on torch_xla's steps (368.4 MiB per device where torch_xla
+measured 633.4 MiB); its XLA:CPU gives torch_xla's bytes only on the faithful
+conversion (`planner.plan.stablehlo`), which is how XLA:TPU is reached. torch_xla
+compiles the proto its lowering built; this module gives it the dump's own proto:
 
 1. every entry parameter becomes a device tensor of its shape and element type,
    marked with the parameter's sharding (`mark_sharding` over a mesh that is the
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from typing import Any
 from planner.errors import Unverifiable
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
-from planner.plan.xla_compile import partitioned_whiles
+from planner.plan.xla_compile import allocated_bytes, partitioned_whiles
 from planner.sharding.hlo_sharding import Kind
 from planner.units import format_bytes
 
@@ -52,8 +51,6 @@ TORCH_DTYPES = {
     "u16": "uint16", "u32": "uint32", "u64": "uint64", "f16": "float16", "bf16": "bfloat16",
     "f32": "float32", "f64": "float64", "c64": "complex64", "c128": "complex128",
 }  # fmt: skip
-
-_ALLOCATION = re.compile(r"^allocation \d+: size (\d+)", re.MULTILINE)
 
 
 def parameter_specs(module: HloModule) -> list[dict[str, Any]]:
@@ -152,7 +149,7 @@ def compile_step(text: str, specs: list[dict[str, Any]], num_devices: int, dump_
     assignment = step.with_name(
         step.name.replace("before_optimizations.txt", "cpu_after_optimizations-buffer-assignment.txt")
     )
-    total = sum(int(m.group(1)) for m in _ALLOCATION.finditer(assignment.read_text()))
+    total = allocated_bytes(assignment.read_text())
     partitioned = sorted(
         Path(dump_dir).glob(step.name.replace("before_optimizations.txt", "*after_spmd-partitioning*.txt"))
     )

@@ -7,23 +7,23 @@ such modules for real: torch_xla's modules by torch_xla's own XLA
 prediction for the same compiler: XLA's bytes per device before and after, and
 whether every stacked gradient of the patched module's partitioned While loops
 is at its parameter's shard. For a TPU chip preset with libtpu installed,
-XLA:TPU compiles both modules too; it reads them through jaxlib's StableHLO
-path, so for a torch_xla module its numbers stand only when jaxlib's XLA:CPU
-partitions both modules as torch_xla's does, and are withheld, with the
-reason, otherwise.
+XLA:TPU compiles both modules too. libtpu is reached only through jaxlib,
+which takes StableHLO; a torch_xla module goes there through the faithful
+conversion (`planner.plan.stablehlo`), whose XLA:CPU gives torch_xla's own
+bytes and loop shapes on every corpus step. A module the conversion cannot
+keep (`UnfaithfulConversion`) has XLA:TPU withheld, with the reason.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
-from planner.errors import PlanningError
+from planner.errors import PlanningError, UnfaithfulConversion
 from planner.hlo.compat import for_jaxlib_0_7
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
@@ -35,7 +35,6 @@ from planner.plan.torch_xla_compile import host_budget_bytes, parameter_specs, p
 from planner.scanner import Cursor
 
 TIME_LIMIT_SECONDS = 600
-_LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")
 
 
 @dataclass(frozen=True)
@@ -77,10 +76,16 @@ def compile_with_xla(
     timeout: float = TIME_LIMIT_SECONDS,
     tpu_topology: str | None = None,
 ) -> dict:
-    """jaxlib's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`."""
+    """jaxlib's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`.
+
+    Raises `UnfaithfulConversion` for a torch_xla module jaxlib cannot be given as it is.
+    """
     request = {"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output,
                "tpu_topology": tpu_topology}  # fmt: skip
-    return _run("planner.plan.xla_compile", request, timeout, "jaxlib")
+    report = _run("planner.plan.xla_compile", request, timeout, "jaxlib")
+    if "unfaithful" in report:
+        raise UnfaithfulConversion(report["unfaithful"])
+    return report
 
 
 def compile_with_torch_xla(
@@ -107,11 +112,6 @@ def libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-def partitioned_shapes(whiles: list[dict]) -> list[list[str]]:
-    """Each partitioned loop's per-device element shapes, sorted: comparable across XLAs that order them apart."""
-    return sorted(sorted(_LEAF.findall(w["shape"])) for w in whiles)
-
-
 def verify(
     original: HloModule,
     patched: HloModule,
@@ -136,23 +136,8 @@ def verify(
         before, after = (compile_with_xla(t, num_devices, allow_output) for t in texts)
     mismatches, check = gradient_mismatches(after["while_shapes"], patched, gradients)
     tpu, tpu_skipped = None, None
-    if tpu_topology is not None and not libtpu_installed():
-        tpu_skipped = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
-    elif tpu_topology is not None:
-        if torch_xla:
-            tpu_skipped = _jaxlib_partitions_like(texts, (before, after), num_devices, allow_output)
-        if tpu_skipped is None:
-            tpu_before, tpu_after = (compile_with_xla(t, num_devices, allow_output, tpu_topology=tpu_topology)
-                                     for t in texts)  # fmt: skip
-            tpu = TpuVerification(
-                xla=tpu_after["xla"],
-                topology=tpu_topology,
-                before_total_bytes=tpu_before["total_bytes"],
-                after_total_bytes=tpu_after["total_bytes"],
-                xla_saving_bytes=tpu_before["total_bytes"] - tpu_after["total_bytes"],
-                predicted_before_bytes=predicted.tpu_before,
-                predicted_after_bytes=predicted.tpu_after,
-            )
+    if tpu_topology is not None:
+        tpu, tpu_skipped = verify_on_tpu(texts, num_devices, allow_output, tpu_topology, predicted)
     return Verification(
         xla=after["xla"],
         frontend="torch_xla" if torch_xla else "jax",
@@ -173,23 +158,32 @@ def verify(
     )
 
 
-def _jaxlib_partitions_like(
-    texts: tuple[str, str], torch_reports: tuple[dict, dict], num_devices: int, allow_output: bool
-) -> str | None:
-    """None when jaxlib's XLA:CPU partitions both modules as torch_xla's XLA does; else why XLA:TPU is withheld."""
-    for text, torch_report, which in zip(texts, torch_reports, ("original", "patched"), strict=True):
-        jaxlib = compile_with_xla(text, num_devices, allow_output)
-        ours, theirs = partitioned_shapes(jaxlib["while_shapes"]), partitioned_shapes(torch_report["while_shapes"])
-        if ours != theirs:
-            differing = sum(a != b for x, y in zip(ours, theirs, strict=False) for a, b in zip(x, y, strict=False))
-            return (
-                "XLA:TPU reads modules only through jaxlib's StableHLO path, which reorders the elements of "
-                "While loops' carried tuples; GSPMD's propagation is order-dependent, and on the "
-                f"{which} module jaxlib's XLA:CPU partitions the loops unlike torch_xla's XLA "
-                f"({differing or 'some'} per-device element shapes differ), so XLA:TPU's numbers would not be "
-                "this step's"
+def verify_on_tpu(
+    texts: tuple[str, str], num_devices: int, allow_output: bool, topology: str, predicted: Predicted
+) -> tuple[TpuVerification | None, str | None]:
+    """XLA:TPU on the original and the patched module's text, or why not: no libtpu, or a module jaxlib
+    cannot be given as it is (the conversion's reason; a torch_xla module goes through `planner.plan.stablehlo`)."""
+    if not libtpu_installed():
+        return None, "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
+    reports = []
+    for text, which in zip(texts, ("original", "patched"), strict=True):
+        try:
+            reports.append(compile_with_xla(text, num_devices, allow_output, tpu_topology=topology))
+        except UnfaithfulConversion as e:
+            return None, (
+                f"XLA:TPU is reached only through jaxlib's StableHLO, and the {which} module has none that "
+                f"jaxlib's compile path turns back into it: {e}"
             )
-    return None
+    before, after = reports
+    return TpuVerification(
+        xla=after["xla"],
+        topology=topology,
+        before_total_bytes=before["total_bytes"],
+        after_total_bytes=after["total_bytes"],
+        xla_saving_bytes=before["total_bytes"] - after["total_bytes"],
+        predicted_before_bytes=predicted.tpu_before,
+        predicted_after_bytes=predicted.tpu_after,
+    ), None
 
 
 def gradient_mismatches(

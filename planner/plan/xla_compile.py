@@ -4,13 +4,26 @@ Run as a subprocess (`python -m planner.plan.xla_compile`), one module per
 process: XLA reads its flags (device count, dump folder) once per process.
 Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL, "tpu_topology": T}`
 as JSON on stdin and prints one JSON line: XLA's version, compiled memory
-statistics (bytes per device) and each While's carried tuple per device right
-after SPMD partitioning. Needs jaxlib (the `xla` extra); the text goes through
-StableHLO, which is the only way jaxlib compiles. With `tpu_topology` (e.g.
-`v6e:2x4`, needs libtpu from the `tpu` extra) XLA:TPU compiles it ahead of
-time for that slice, with no TPU attached: the bytes a user's chip will see.
-This is the one place the planner asks a real compiler; the reference sweep's
-TPU numbers come from the same libtpu through JAX's ahead-of-time API.
+statistics (bytes per device), XLA:CPU's buffer allocations and each While's
+carried tuple per device right after SPMD partitioning; or `{"unfaithful":
+REASON}` for a module jaxlib cannot be given as it is (`UnfaithfulConversion`).
+Needs jaxlib (the `xla` extra). With `tpu_topology` (e.g. `v6e:2x4`, needs
+libtpu from the `tpu` extra) XLA:TPU compiles it ahead of time for that slice,
+with no TPU attached: the bytes a user's chip will see. This is the one place
+the planner asks jaxlib's compilers; the reference sweep's TPU numbers come
+from the same libtpu through JAX's ahead-of-time API.
+
+jaxlib compiles only StableHLO, and its compile path canonicalizes the MLIR
+before it exports it back to HLO (`stablehlo_for`). A JAX module has been
+through that path already (JAX lowers to StableHLO, and its dump is what the
+path exported), so it goes through `hlo_to_stablehlo` alone, as JAX's own
+compile takes it: on the corpus's JAX step the faithful conversion gives the
+same bytes and While shapes on XLA:CPU and XLA:TPU, and it refuses the pinned
+step (an identity reshape carrying a sharding) that this way compiles. A
+torch_xla module never was (torch_xla hands XLA its proto), and the rewrites
+change GSPMD's decisions; it goes through the faithful conversion
+(`planner.plan.stablehlo`), which comes back from the canonicalizer unchanged.
+A request may name the conversion (`"conversion": "faithful"` or `"plain"`).
 """
 
 from __future__ import annotations
@@ -22,11 +35,16 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from planner.errors import UnfaithfulConversion
+
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
+_ALLOCATION = re.compile(r"^allocation \d+: size (\d+)", re.MULTILINE)
 
 
 def partitioned_whiles(text: str) -> list[dict[str, str]]:
@@ -34,22 +52,70 @@ def partitioned_whiles(text: str) -> list[dict[str, str]]:
     return [{"name": m.group(1), "shape": m.group(2)} for m in _WHILE.finditer(text)]
 
 
+def allocated_bytes(buffer_assignment: str) -> int:
+    """The sum of all allocations of an XLA buffer-assignment dump: how the corpus records torch_xla's bytes."""
+    return sum(int(m.group(1)) for m in _ALLOCATION.finditer(buffer_assignment))
+
+
+@dataclass(frozen=True)
+class StableHlo:
+    """The StableHLO a module is compiled from, and how it was made (`stablehlo_for`)."""
+
+    mlir: bytes
+    # "faithful" (planner.plan.stablehlo) or "plain" (hlo_to_stablehlo alone).
+    conversion: str
+    # What the faithful conversion did (FaithfulStableHlo.summary); empty for the plain one.
+    summary: Mapping[str, int]
+
+
+def stablehlo_for(text: str, conversion: str | None = None) -> StableHlo:
+    """A torch_xla module through the faithful conversion, a JAX module as JAX's compile takes it.
+
+    `conversion` ("faithful" or "plain") overrides the choice. Raises `UnfaithfulConversion` for a
+    module the faithful conversion cannot keep.
+    """
+    from planner.hlo.frontend import is_torch_xla_module
+    from planner.hlo.parser import parse_hlo
+    from planner.plan.stablehlo import faithful_stablehlo, plain_stablehlo
+
+    if conversion not in (None, "faithful", "plain"):
+        raise ValueError(f"conversion must be 'faithful' or 'plain', not {conversion!r}")
+    if conversion == "plain":
+        return StableHlo(plain_stablehlo(text), "plain", {})
+    module = parse_hlo(text)
+    if conversion is None and not is_torch_xla_module(module):
+        return StableHlo(plain_stablehlo(text), "plain", {})
+    converted = faithful_stablehlo(module)
+    return StableHlo(converted.mlir, "faithful", converted.summary())
+
+
 def compile_spmd(
-    text: str, num_devices: int, allow_output: bool = False, tpu_topology: str | None = None
+    text: str,
+    num_devices: int,
+    allow_output: bool = False,
+    tpu_topology: str | None = None,
+    conversion: str | None = None,
 ) -> tuple[Any, float]:
-    """(executable, seconds): text -> HloModule -> StableHLO -> SPMD program for `num_devices` devices.
+    """(executable, seconds): text -> HloModule -> StableHLO (`stablehlo_for`) -> SPMD program for `num_devices`.
 
     CPU devices unless `tpu_topology` names a TPU slice libtpu describes. XLA reads its CPU device
     count when jax first starts: set `--xla_force_host_platform_device_count` in XLA_FLAGS first.
+    The seconds are the compile's, from StableHLO on (the faithful conversion takes about one more).
     """
+    executable, seconds, _ = _compile(text, num_devices, allow_output, tpu_topology, conversion)
+    return executable, seconds
+
+
+def _compile(
+    text: str, num_devices: int, allow_output: bool, tpu_topology: str | None, conversion: str | None
+) -> tuple[Any, float, StableHlo]:
     import jax
     from jax._src import compiler, xla_bridge
     from jax._src.lib import xla_client
 
     jax.config.update("jax_use_shardy_partitioner", False)
+    stablehlo = stablehlo_for(text, conversion)
     start = time.perf_counter()
-    module = xla_client._xla.hlo_module_from_text(text)
-    mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
     if tpu_topology is not None:
         from jax.experimental import topologies
 
@@ -76,8 +142,8 @@ def compile_spmd(
     build.use_shardy_partitioner = False
     if allow_output:
         build.allow_spmd_sharding_propagation_to_output = [True]
-    executable = compile_fn(mlir, xla_client.DeviceList(chosen), options)
-    return executable, time.perf_counter() - start
+    executable = compile_fn(stablehlo.mlir, xla_client.DeviceList(chosen), options)
+    return executable, time.perf_counter() - start, stablehlo
 
 
 def _libtpu_version() -> str:
@@ -100,7 +166,10 @@ def memory_total(executable: Any) -> int:
 def main() -> int:
     request = json.load(sys.stdin)
     with tempfile.TemporaryDirectory(prefix="spmd-planner-xla-") as dump:
-        report = _compile_report(request, dump)
+        try:
+            report = _compile_report(request, dump)
+        except UnfaithfulConversion as e:
+            report = {"unfaithful": str(e)}
     print(json.dumps(report))
     return 0
 
@@ -118,7 +187,9 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jaxlib
 
-    executable, seconds = compile_spmd(request["hlo"], n, bool(request.get("allow_output")), topology)
+    executable, seconds, stablehlo = _compile(
+        request["hlo"], n, bool(request.get("allow_output")), topology, request.get("conversion")
+    )
     stats = executable.get_compiled_memory_stats()
     whiles = []
     # XLA:CPU's pass is spmd-partitioning, XLA:TPU's tpu-spmd-partitioning.
@@ -126,16 +197,25 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
     if partitioned:
         with open(partitioned[-1]) as f:
             whiles = partitioned_whiles(f.read())
+    # XLA:CPU dumps its buffer assignment; the largest one is the step's (the others move inputs).
+    assignments = glob.glob(os.path.join(dump, "*cpu_after_optimizations-buffer-assignment.txt"))
+    allocated = None
+    if assignments and topology is None:
+        with open(max(assignments, key=os.path.getsize)) as f:
+            allocated = allocated_bytes(f.read())
     return {
         "xla": f"jaxlib {jaxlib.__version__} " + (
             f"(XLA:TPU, libtpu {_libtpu_version()}, GSPMD ahead of time for {topology})"
             if topology else f"(XLA GSPMD on {n} virtual CPU devices)"
         ),
+        "stablehlo": stablehlo.conversion,
+        "conversion": dict(stablehlo.summary),
         "total_bytes": memory_total(executable),
         "argument_bytes": int(stats.argument_size_in_bytes),
         "output_bytes": int(stats.output_size_in_bytes),
         "temp_bytes": int(stats.temp_size_in_bytes),
         "alias_bytes": int(stats.alias_size_in_bytes),
+        "allocated_bytes": allocated,
         "while_shapes": whiles,
         "seconds": round(seconds, 3),
     }  # fmt: skip

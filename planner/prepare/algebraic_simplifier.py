@@ -11,6 +11,13 @@ decisions where they were; these do not, because propagation treats the opcodes 
   convert to the operand's own type, a copy, a transpose that keeps the dim order, a slice of the
   whole operand. Each was a step propagation had to cross.
 - a reshape of a reshape is one reshape.
+- a subtraction of a constant is an addition of its negation (`HandleSubtract`:
+  `A - C => A + negate(C)`, C a constant or a broadcast of one, A not a constant). What this changes
+  for propagation is the loops: a reversed scan's index `(n - i) - 1` becomes
+  `(n - i) + negate(1)`, and `negate(1)` is loop-invariant work the loop-invariant motion hoists
+  (constant folding, constant sinking and the loop simplifier then take it out again), so XLA:TPU
+  rebuilds the backward scan, and every loop around it, once more than the planner did: that
+  decides the order propagation visits the loops in (the computation list, rebuilt ones last).
 """
 
 from __future__ import annotations
@@ -61,6 +68,30 @@ def _unannotated_reshape(inst: Instruction) -> bool:
     return inst.opcode == "reshape" and inst.sharding is None
 
 
+def _subtract_of_constant(edit: ModuleEdit, comp: ComputationEdit, inst: Instruction) -> str | None:
+    """`A - C => A + (-C)` (`AlgebraicSimplifierVisitor::HandleSubtract`): C is a constant, or a
+    broadcast of one (negated, then broadcast again), and A is not a constant. Returns the new add."""
+    shape = _array(inst)
+    lhs, rhs = (comp[o] for o in inst.operands)
+    if shape is None or lhs.opcode == "constant":
+        return None
+    broadcast = rhs if rhs.opcode == "broadcast" else None
+    constant = comp[rhs.operands[0]] if broadcast is not None else rhs
+    if constant.opcode != "constant":
+        return None
+    negate = Instruction(edit.fresh_name("negate"), "negate", constant.shape, (constant.name,))
+    comp.add(negate, before=inst.name)
+    negative = negate.name
+    if broadcast is not None:
+        dims = tuple(a for a in broadcast.attributes if a.key == "dimensions")
+        again = dataclasses.replace(broadcast, name=edit.fresh_name("broadcast"), operands=(negative,), attributes=dims)
+        comp.add(again, before=inst.name)
+        negative = again.name
+    add = Instruction(edit.fresh_name("add"), "add", shape, (lhs.name, negative))
+    comp.add(add, before=inst.name)
+    return add.name
+
+
 @dataclass(frozen=True)
 class AlgebraicSimplifier:
     NAME: ClassVar[str] = "algsimp"
@@ -70,6 +101,7 @@ class AlgebraicSimplifier:
         edit = ModuleEdit(module)
         renamed: dict[str, str] = {}
         rewritten = 0
+        negated = 0
         for comp in edit.computations.values():
             for inst in comp:
                 if inst.sharding is not None or inst.name == comp.root_name:
@@ -86,8 +118,15 @@ class AlgebraicSimplifier:
                     inner = comp[inst.operands[0]]
                     comp.set_operands(inst.name, inner.operands)
                     rewritten += 1
+                elif inst.opcode == "subtract" and (add := _subtract_of_constant(edit, comp, inst)) is not None:
+                    comp.replace_uses(inst.name, add)
+                    comp.remove(inst.name)
+                    renamed[inst.name] = add
+                    negated += 1
         if not (renamed or rewritten):
             return Rewrite(module)
-        parts = [f"{len(renamed)} identity ops removed"] if renamed else []
+        removed = len(renamed) - negated
+        parts = [f"{removed} identity ops removed"] if removed else []
         parts += [f"{rewritten} broadcasts and reshapes rewritten as simpler reshapes"] if rewritten else []
+        parts += [f"{negated} subtractions of a constant rewritten as additions"] if negated else []
         return Rewrite(edit.freeze(), renamed, "; ".join(parts))

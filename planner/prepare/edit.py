@@ -192,6 +192,29 @@ class ModuleEdit:
         and on a loop step the order decides which of two equally good shardings the carry gets."""
         self.computations[name] = self.computations.pop(name)
 
+    def post_order(self) -> list[str]:
+        """The computations callees first (XLA's `HloModule::MakeComputationPostOrder`): for each
+        computation nothing calls, in list order, the computations it calls, depth first in
+        instruction order (a While's condition before its body), then itself."""
+        called = {c for comp in self.computations.values() for i in comp for c in i.called_computations}
+        order: list[str] = []
+        seen: set[str] = set()
+
+        def visit(name: str) -> None:
+            for inst in self.computations[name]:
+                for callee in inst.called_computations:
+                    if callee not in seen and callee in self.computations:
+                        seen.add(callee)
+                        visit(callee)
+                        order.append(callee)
+
+        for name in list(self.computations):
+            if name not in called and name not in seen:
+                visit(name)
+                seen.add(name)
+                order.append(name)
+        return order
+
     def add_computation(self, comp: ComputationEdit, after: str) -> None:
         items = list(self.computations.items())
         at = next(k for k, (n, _) in enumerate(items) if n == after) + 1

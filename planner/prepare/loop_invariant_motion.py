@@ -46,8 +46,9 @@ class WhileLoopInvariantCodeMotion:
     def run(self, module: HloModule) -> Rewrite:
         edit = ModuleEdit(module)
         hoisted = 0
-        # Callees before callers, as XLA collects them (MakeComputationPostOrder): inner loops first.
-        for loop in reversed(whiles(edit)):
+        # Callees before callers, as XLA collects them (MakeComputationPostOrder): inner loops first,
+        # so what an inner loop's motion leaves in an outer body is hoisted by the outer loop's.
+        for loop in whiles(edit, edit.post_order()):
             hoisted += hoist(loop, self.hoist_size_inflation_ratio)
         if not hoisted:
             return Rewrite(module)

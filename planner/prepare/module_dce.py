@@ -43,7 +43,8 @@ def live_elements(loop: LoopView) -> set[int]:
     """The loop's live tuple elements (see the module docstring)."""
     body, condition, parent = loop.body, loop.condition, loop.parent
     arity = len(loop.shape.elements)
-    users = parent.users(loop.name)
+    reached = _reached(parent)
+    users = [u for u in parent.users(loop.name) if u.name in reached]
     if parent.root_name == loop.name or any(u.opcode != "get-tuple-element" for u in users):
         live = set(range(arity))
     else:
@@ -63,6 +64,18 @@ def live_elements(loop: LoopView) -> set[int]:
                 live.add(k)
                 frontier.append(k)
     return live
+
+
+def _reached(comp: ComputationEdit) -> set[str]:
+    """What the computation's root or a side effect needs: a read nothing needs keeps nothing live."""
+    stack = [comp.root_name, *(i.name for i in comp if has_side_effect(i))]
+    reached: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name not in reached:
+            reached.add(name)
+            stack.extend(comp[name].operands)
+    return reached
 
 
 def _reads(comp: ComputationEdit) -> dict[str, set[int]]:

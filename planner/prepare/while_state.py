@@ -55,9 +55,11 @@ class LoopView:
         return shape
 
 
-def whiles(edit: ModuleEdit) -> list[LoopView]:
-    """Every While of the module, computation by computation in module order."""
-    return [LoopView(edit, c.name, i.name) for c in edit.computations.values() for i in c if i.opcode == "while"]
+def whiles(edit: ModuleEdit, order: list[str] | None = None) -> list[LoopView]:
+    """Every While of the module, computation by computation in module order (or in `order`), each
+    computation's in instruction order."""
+    names = order if order is not None else list(edit.computations)
+    return [LoopView(edit, n, i.name) for n in names for i in edit[n] if i.opcode == "while"]
 
 
 def parameter(comp: ComputationEdit) -> Instruction:

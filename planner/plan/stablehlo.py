@@ -1,0 +1,159 @@
+"""HLO -> StableHLO that jaxlib's compilers turn back into the same HLO module before they partition it.
+
+jaxlib (and libtpu, the only way to XLA:TPU without a TPU) compiles StableHLO only. `hlo_to_stablehlo`
+imports a module faithfully, but the compile path canonicalizes the MLIR before exporting it back to
+HLO (see `planner.hlo.seal`), and GSPMD decides differently on what comes back: on the bundled
+torch_xla step XLA:CPU allocates 368.4 MiB per device where torch_xla's own compile of the same
+module allocates 633.4 MiB. The faithful conversion:
+
+1. seals the HLO module (`planner.hlo.seal`): every instruction of a control-flow computation in a
+   computation of its own, every pass-through While element behind an identity call; XLA's
+   call-inliner undoes both before propagation;
+2. imports it (`hlo_to_stablehlo`);
+3. keeps unit-dim broadcasts broadcasts (`KeepUnitDimBroadcasts`), the rewrite a call cannot hide;
+4. checks the round trip (`planner.plan.round_trip`): exported by the compile path's own converter
+   and inlined, the module must be the original, instruction for instruction, or the conversion
+   raises `UnfaithfulConversion`.
+
+Measured on the corpus's six torch_xla steps: jaxlib's XLA:CPU on the converted module allocates
+torch_xla's own bytes to the byte, with its While shapes, and libtpu's XLA:TPU on it gives what
+libtpu gives on the HLO proto itself (its PJRT C API takes format "hlo"; jaxlib's Python API does not).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import UnfaithfulConversion
+from planner.hlo.compat import for_jaxlib_0_7
+from planner.hlo.ir import HloModule
+from planner.hlo.printer import print_module
+from planner.hlo.seal import seal
+from planner.plan.round_trip import check_round_trip, fold_identities
+
+
+@dataclass(frozen=True)
+class KeepUnitDimBroadcasts:
+    """`broadcast_in_dim` that only prepends size-1 dims -> `stablehlo.broadcast`, which exports as the same HLO.
+
+    mhlo's BroadcastInDimSimplifier rewrites a `broadcast_in_dim` with as many elements as its
+    operand and sorted dims into a `reshape`, and the op alone is enough for it, so sealing does not
+    help. It matters: XLA's sharding propagation moves a sharding forward through a broadcast only at
+    aggressiveness 3 ("make forward propagation through broadcast low priority",
+    sharding_propagation.cc), through a reshape from aggressiveness 0. torch_xla unsqueezes each
+    layer's gradient with such a broadcast before writing it into the stacked gradient; as a reshape
+    it hands the stack the gradient's sharding three rounds early.
+
+    `stablehlo.broadcast` (sizes prepended) has no such pattern, and the exporter writes it as
+    `broadcast(x), dimensions={k..rank-1}`. Example: f32[1024,1024] -> f32[1,1024,1024] with dims
+    [1, 2] becomes `stablehlo.broadcast %x, sizes = [1]`, exported as `f32[1,1024,1024]
+    broadcast(%x), dimensions={1,2}`. A broadcast the simplifier would rewrite with size-1 dims
+    anywhere but in front, or with dims out of order (a transpose), has no spelling that survives: it
+    is refused. Identities are left to `fold_identities`.
+    """
+
+    name: str = "keep-unit-dim-broadcasts"
+
+    def apply(self, module: Any) -> int:
+        """Rewrites `module` (a jaxlib `ir.Module`) in place; returns how many broadcasts it rewrote."""
+        from jaxlib.mlir import ir
+        from jaxlib.mlir.dialects import stablehlo
+
+        found = [op for op in _operations(module.operation) if op.name == "stablehlo.broadcast_in_dim"]
+        rewritten = 0
+        for op in found:
+            operand = op.operands[0]
+            source, result = ir.RankedTensorType(operand.type), ir.RankedTensorType(op.results[0].type)
+            if not (source.has_static_shape and result.has_static_shape):
+                continue
+            if _num_elements(source.shape) != _num_elements(result.shape):
+                continue  # a real broadcast: the simplifier leaves it alone
+            dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+            if list(source.shape) == list(result.shape) and dims == list(range(result.rank)):
+                continue  # an identity: it folds whatever is done here
+            num_new = result.rank - source.rank
+            if dims != list(range(num_new, result.rank)):
+                raise UnfaithfulConversion(
+                    f"a broadcast {source} -> {result} with dims {dims}: the canonicalizer turns it into a reshape "
+                    "or transpose, and StableHLO has no op that survives it and exports as this broadcast"
+                )
+            with ir.InsertionPoint(op), op.location:
+                kept = stablehlo.BroadcastOp(operand, ir.DenseI64ArrayAttr.get(list(result.shape[:num_new])))
+            for attr in op.attributes:  # mhlo.sharding and friends stay on the op
+                if attr.name != "broadcast_dimensions":
+                    kept.operation.attributes[attr.name] = attr.attr
+            op.results[0].replace_all_uses_with(kept.result)
+            op.erase()
+            rewritten += 1
+        return rewritten
+
+
+def _operations(parent: Any) -> Iterator[Any]:
+    """Every operation nested in `parent`, in order (functions, then the regions of while, reduce, ...)."""
+    for region in parent.regions:
+        for block in region.blocks:
+            for op in block.operations:
+                yield op.operation
+                yield from _operations(op.operation)
+
+
+def _num_elements(dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+@dataclass(frozen=True)
+class FaithfulStableHlo:
+    """StableHLO bytecode for `Client.compile`, and what the conversion did to get it."""
+
+    mlir: bytes
+    num_sealed: int
+    num_pass_through: int
+    num_kept_broadcasts: int
+    # Identity instructions (unannotated) MLIR folds into their operands: the one change XLA sees.
+    folded_identities: tuple[str, ...]
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "sealed_instructions": self.num_sealed,
+            "pass_through_elements": self.num_pass_through,
+            "kept_broadcasts": self.num_kept_broadcasts,
+            "folded_identities": len(self.folded_identities),
+        }
+
+
+def faithful_stablehlo(module: HloModule, check: bool = True) -> FaithfulStableHlo:
+    """StableHLO that jaxlib's compile path turns back into `module`; raises UnfaithfulConversion if none.
+
+    `check=False` skips the round-trip check (about a third of the time): for experiments only.
+    """
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import xla_client
+    from jaxlib.mlir import ir
+
+    folded = fold_identities(module).names  # refuses sharded identities before any work
+    sealed = seal(module)
+    text = for_jaxlib_0_7(print_module(sealed.module))
+    proto = xla_client._xla.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    with jax_mlir.make_ir_context(), ir.Location.unknown():
+        mlir_module = ir.Module.parse(xla_client._xla.mlir.hlo_to_stablehlo(proto))
+        num_kept = KeepUnitDimBroadcasts().apply(mlir_module)
+        out = io.BytesIO()
+        mlir_module.operation.write_bytecode(out)
+    converted = FaithfulStableHlo(out.getvalue(), sealed.num_sealed, sealed.num_pass_through, num_kept, folded)
+    if check:
+        check_round_trip(module, converted.mlir)
+    return converted
+
+
+def plain_stablehlo(text: str) -> bytes:
+    """`hlo_to_stablehlo` alone: what the compile path then canonicalizes (see the module's docstring)."""
+    from jax._src.lib import xla_client
+
+    proto = xla_client._xla.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    return bytes(xla_client._xla.mlir.hlo_to_stablehlo(proto))

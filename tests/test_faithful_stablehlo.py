@@ -1,0 +1,114 @@
+"""jaxlib compiles torch_xla's modules as torch_xla does when given the faithful StableHLO.
+
+The corpus's truth files hold torch_xla's own run of each step: the sum of XLA:CPU's buffer
+allocations per device and the While shapes right after SPMD partitioning. jaxlib's XLA:CPU on the
+faithful conversion must give both back exactly, measured the same way (the sum of all allocations
+of its own buffer assignment); that is what lets XLA:TPU, which only jaxlib reaches, stand for the
+step. The small modules under `fixtures/round_trip` are ones the conversion keeps or refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import CORPUS
+
+from planner.data import DEFAULT_DUMP
+from planner.errors import UnfaithfulConversion
+from planner.hlo.compat import for_jaxlib_0_7
+from planner.hlo.parser import parse_hlo, parse_hlo_file
+from planner.hlo.seal import SealInstructions, SealLoopPassThrough
+from planner.plan.verify import Predicted, allows_output_propagation, compile_with_xla, verify_on_tpu
+
+TRUTHS = sorted((CORPUS / "torch_xla").glob("*.truth.json"))
+ROUND_TRIP = Path(__file__).parent / "fixtures" / "round_trip"
+_LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")
+
+
+def _leaves(whiles: list[dict]) -> list[list[str]]:
+    return [_LEAF.findall(w["shape"]) for w in whiles]
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("truth_path", TRUTHS, ids=[p.name.removesuffix(".truth.json") for p in TRUTHS])
+def test_jaxlib_xla_cpu_on_the_faithful_stablehlo_allocates_torch_xlas_bytes(truth_path: Path) -> None:
+    truth = json.loads(truth_path.read_text())
+    text = (truth_path.parent / truth["hlo"]).read_text()
+    report = compile_with_xla(text, len(truth["mesh"]["device_ids"]), allows_output_propagation(parse_hlo(text)))
+    assert report["stablehlo"] == "faithful"
+    assert report["allocated_bytes"] == truth["xla_per_device_total_bytes"]
+    assert _leaves(report["while_shapes"]) == _leaves(truth["xla_post_partition_while_shapes"])
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize(
+    "fixture,refusal",
+    [
+        ("root_identity", None),  # the identity folds, a root too: the check expects it gone
+        ("loop_pass_through", None),  # an element passed through an inlined call's tuple still passes through
+        ("unit_dim_inside", "the canonicalizer turns it into a reshape"),
+        ("sharded_identity", "r is an identity reshape with sharding {replicated}"),
+        ("nested_loop_tuple", "does not come back from jaxlib's compile path as the same module"),
+    ],
+)
+def test_the_conversion_keeps_a_module_or_refuses_it_with_the_reason(fixture: str, refusal: str | None) -> None:
+    from planner.plan.stablehlo import faithful_stablehlo
+
+    module = parse_hlo_file(ROUND_TRIP / f"{fixture}.hlo")
+    if refusal is None:
+        faithful_stablehlo(module)
+        return
+    with pytest.raises(UnfaithfulConversion, match=re.escape(refusal)):
+        faithful_stablehlo(module)
+
+
+@pytest.mark.xla
+def test_the_round_trip_check_refuses_what_the_plain_conversion_gives_back() -> None:
+    """hlo_to_stablehlo alone: the canonicalizer folds the bundled dump's broadcasts, slices and loop tuples."""
+    from planner.plan.round_trip import check_round_trip
+    from planner.plan.stablehlo import faithful_stablehlo, plain_stablehlo
+
+    text = for_jaxlib_0_7(DEFAULT_DUMP.read_text())
+    module = parse_hlo(text)
+    with pytest.raises(UnfaithfulConversion, match="does not come back"):
+        check_round_trip(module, plain_stablehlo(text))
+    converted = faithful_stablehlo(module)
+    assert (converted.num_sealed, converted.num_pass_through, converted.num_kept_broadcasts) == (1613, 118, 37)
+
+
+@pytest.mark.xla
+def test_verify_withholds_xla_tpu_for_a_module_the_conversion_refuses() -> None:
+    pytest.importorskip("libtpu")
+    text = (ROUND_TRIP / "unit_dim_inside.hlo").read_text()
+    tpu, skipped = verify_on_tpu((text, text), 8, False, "v6e:2x4", Predicted(0, 0))
+    assert tpu is None and skipped is not None
+    assert skipped.startswith("XLA:TPU is reached only through jaxlib's StableHLO, and the original module has none")
+    assert "the canonicalizer turns it into a reshape" in skipped
+
+
+def test_sealing_gives_each_instruction_a_computation_and_leaves_annotated_ones() -> None:
+    module = parse_hlo(
+        "HloModule m\n\nENTRY %e {\n  %x = f32[8]{0} parameter(0)\n"
+        '  %s = f32[8]{0} custom-call(%x), custom_call_target="Sharding", sharding={replicated}\n'
+        "  ROOT %m = f32[8]{0} multiply(%s, %s)\n}\n"
+    )
+    sealed = SealInstructions().apply(module)
+    entry = sealed.module.entry
+    assert sealed.num_calls == 1 and [i.opcode for i in entry] == ["parameter", "custom-call", "call"]
+    callee = sealed.module.computation(entry.root.attr("to_apply").names[0])
+    # One parameter per operand position: multiply(%s, %s) stays two operands nothing can prove equal.
+    assert [i.opcode for i in callee] == ["parameter", "parameter", "multiply"]
+    assert callee.root.operands == tuple(p.name for p in callee.parameters)
+
+
+def test_a_pass_through_loop_element_goes_through_an_identity_call() -> None:
+    module = parse_hlo_file(ROUND_TRIP / "loop_pass_through.hlo")
+    sealed = SealLoopPassThrough().apply(module)
+    root = sealed.module.computation("body").root
+    element = sealed.module.computation("body")[root.operands[1]]
+    identity = sealed.module.computation(element.attr("to_apply").names[0])
+    assert sealed.num_calls == 1 and element.opcode == "call" and element.operands == ("w2",)
+    assert identity.root.opcode == "parameter"
