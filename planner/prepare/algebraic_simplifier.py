@@ -18,6 +18,15 @@ decisions where they were; these do not, because propagation treats the opcodes 
   (constant folding, constant sinking and the loop simplifier then take it out again), so XLA:TPU
   rebuilds the backward scan, and every loop around it, once more than the planner did: that
   decides the order propagation visits the loops in (the computation list, rebuilt ones last).
+- with `dot_to_multiply` (`enable_dot_to_multiply_rewrite`): a dot with no contracting dims is the
+  multiply of its operands broadcast to its shape (`HandleDot`). XLA:TPU's `simplification-1`
+  algsimp leaves such dots alone (an MoE step's `bsed,bse->bsd` gradient dot survives its 25
+  iterations); the `algsimp` `Phase_1_pre-layout_assignment_passes` runs right after it rewrites
+  them, before the partitioner. Propagation then sees an elementwise multiply of two broadcasts
+  instead of a dot's batch-dim rules.
+- a dot one of whose operands has only batch and contracting dims is a reduce of a multiply
+  (`enable_dot_strength_reduction`, on in `simplification-1`'s algsimp): on an MoE step the
+  `bsd,bsed->bse` router-gradient dot is rewritten by `simplification-1`'s first algsimp.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
+from planner.hlo.attributes import ComputationRefs
+from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
@@ -92,17 +102,136 @@ def _subtract_of_constant(edit: ModuleEdit, comp: ComputationEdit, inst: Instruc
     return add.name
 
 
+def _dot_strength_reduction(edit: ModuleEdit, comp: ComputationEdit, dot: Instruction, to_multiply: bool,
+                            adders: dict[str, str]) -> str | None:  # fmt: skip
+    """`HandleDot`'s two strength reductions; returns the name now holding the dot's value, or None.
+
+    - `enable_dot_to_multiply_rewrite` (`to_multiply`): no contracting dims, the dot is
+      `mul(broadcast(transpose(x)), broadcast(transpose(y)))`;
+    - `enable_dot_strength_reduction`: one operand has only batch and contracting dims, the dot is
+      `reduce(mul(broadcast(transpose(x)), broadcast(transpose(y))))` over the contracting dims,
+      in f32 for floats, with a `scalar_add_computation` (`adders` caches one per type, as the
+      visitor does)."""
+    shape = _array(dot)
+    if shape is None or len(dot.operands) != 2 or "PACKED_NIBBLE" in str(dot.attr("operand_precision") or ""):
+        return None
+    lhs, rhs = (comp[o] for o in dot.operands)
+    lhs_shape, rhs_shape = _array(lhs), _array(rhs)
+    if lhs_shape is None or rhs_shape is None:
+        return None
+    lb = tuple(dot.attr("lhs_batch_dims", ()) or ())
+    rb = tuple(dot.attr("rhs_batch_dims", ()) or ())
+    lc = tuple(dot.attr("lhs_contracting_dims", ()) or ())
+    rc = tuple(dot.attr("rhs_contracting_dims", ()) or ())
+    multiply_only = not lc
+    if multiply_only and not to_multiply:
+        return None
+    if not multiply_only and not (len(lb) + len(lc) == lhs_shape.rank or len(rb) + len(rc) == rhs_shape.rank):
+        return None
+    metadata = tuple(a for a in dot.attributes if a.key == "metadata")
+
+    def add(opcode: str, out: ArrayShape, operands: tuple[str, ...], attrs: tuple[Attribute, ...] = ()) -> str:
+        inst = Instruction(edit.fresh_name(opcode), opcode, out, operands, (*attrs, *metadata))
+        comp.add(inst, before=dot.name)
+        return inst.name
+
+    def as_type(name: str, element_type: str) -> str:
+        array = _array(comp[name])
+        assert array is not None
+        if array.element_type == element_type:
+            return name
+        return add("convert", ArrayShape(element_type, array.dims), (name,))
+
+    def normalized(operand: Instruction, batch: tuple[int, ...], contracting: tuple[int, ...]) -> str:
+        array = _array(operand)
+        assert array is not None
+        perm = (*batch, *(i for i in range(array.rank) if i not in batch and i not in contracting), *contracting)
+        name = operand.name
+        if list(perm) != sorted(perm):
+            out = ArrayShape(array.element_type, tuple(array.dims[i] for i in perm))
+            name = add("transpose", out, (name,), (_int_list("dimensions", perm),))
+        return as_type(name, shape.element_type)
+
+    new_lhs, new_rhs = normalized(lhs, lb, lc), normalized(rhs, rb, rc)
+    nb = len(lb)
+    if multiply_only:
+        if shape.rank != lhs_shape.rank:
+            new_lhs = add("broadcast", shape, (new_lhs,), (_int_list("dimensions", tuple(range(lhs_shape.rank))),))
+        if shape.rank != rhs_shape.rank:
+            dims = (*range(nb), *range(lhs_shape.rank, shape.rank))
+            new_rhs = add("broadcast", shape, (new_rhs,), (_int_list("dimensions", dims),))
+        return add("multiply", shape, (new_lhs, new_rhs))
+    lhs_outer = lhs_shape.rank - nb - len(lc)
+    rhs_outer = rhs_shape.rank - nb - len(rc)
+    if rhs_outer > 0:
+        target = _array(comp[new_rhs])
+        assert target is not None
+        dims = (*range(nb), *range(nb + rhs_outer, nb + rhs_outer + lhs_shape.rank - nb))
+        wide = ArrayShape(shape.element_type, target.dims)
+        new_lhs = add("broadcast", wide, (new_lhs,), (_int_list("dimensions", dims),))
+    elif lhs_outer > 0:
+        target = _array(comp[new_lhs])
+        assert target is not None
+        dims = (*range(nb), *range(nb + lhs_outer, nb + lhs_outer + rhs_shape.rank - nb))
+        wide = ArrayShape(shape.element_type, target.dims)
+        new_rhs = add("broadcast", wide, (new_rhs,), (_int_list("dimensions", dims),))
+    product_shape = _array(comp[new_lhs])
+    assert product_shape is not None
+    product = add("multiply", ArrayShape(shape.element_type, product_shape.dims), (new_lhs, new_rhs))
+    floating = shape.element_type.startswith(("f", "bf"))
+    dot_type = ("f64" if shape.element_type == "f64" else "f32") if floating else shape.element_type
+    product = as_type(product, dot_type)
+    outer = max(lhs_outer, rhs_outer)
+    reduce_dims = tuple(range(outer + nb, outer + nb + len(lc)))
+    zero = Instruction(edit.fresh_name("constant"), "constant", ArrayShape(dot_type, ()), (), literal="0")
+    comp.add(zero, before=dot.name)
+    reduced = ArrayShape(dot_type, tuple(d for k, d in enumerate(product_shape.dims) if k not in reduce_dims))
+    adder = _scalar_add_computation(edit, dot_type, adders)
+    to_apply = Attribute("to_apply", ComputationRefs((adder,)), "%" + adder)
+    result = add("reduce", reduced, (product, zero.name), (_int_list("dimensions", reduce_dims), to_apply))
+    return as_type(result, shape.element_type)
+
+
+def _scalar_add_computation(edit: ModuleEdit, element_type: str, adders: dict[str, str]) -> str:
+    """`GetOrCreateScalarAddComputation`: `scalar_add_computation`, appended to the computation list."""
+    if element_type in adders:
+        return adders[element_type]
+    name = "scalar_add_computation"
+    if name in edit.computations or name in edit.names:
+        name = edit.fresh_name(name)
+    else:
+        edit.names.add(name)
+    lhs, rhs, root = edit.fresh_name("scalar_lhs"), edit.fresh_name("scalar_rhs"), edit.fresh_name("add")
+    scalar = ArrayShape(element_type, ())
+    insts = (
+        Instruction(lhs, "parameter", scalar, (), parameter_number=0),
+        Instruction(rhs, "parameter", scalar, (), parameter_number=1),
+        Instruction(root, "add", scalar, (lhs, rhs)),
+    )
+    edit.computations[name] = ComputationEdit(Computation(name, insts, root), edit)
+    adders[element_type] = name
+    return name
+
+
+def _int_list(key: str, values: tuple[int, ...]) -> Attribute:
+    return Attribute(key, values, "{" + ",".join(str(v) for v in values) + "}")
+
+
 @dataclass(frozen=True)
 class AlgebraicSimplifier:
     NAME: ClassVar[str] = "algsimp"
     MIRRORS: ClassVar[str] = "xla/service/algebraic_simplifier.cc (the rewrites that change propagation)"
+
+    dot_to_multiply: bool = False
 
     def run(self, module: HloModule) -> Rewrite:
         edit = ModuleEdit(module)
         renamed: dict[str, str] = {}
         rewritten = 0
         negated = 0
-        for comp in edit.computations.values():
+        arithmetic: dict[str, str] = {}
+        adders: dict[str, str] = {}
+        for comp in list(edit.computations.values()):
             for inst in comp:
                 if inst.sharding is not None or inst.name == comp.root_name:
                     continue  # an annotated value is the user's word; a root is what the caller reads
@@ -118,15 +247,24 @@ class AlgebraicSimplifier:
                     inner = comp[inst.operands[0]]
                     comp.set_operands(inst.name, inner.operands)
                     rewritten += 1
+                elif (
+                    inst.opcode == "dot"
+                    and (value := _dot_strength_reduction(edit, comp, inst, self.dot_to_multiply, adders)) is not None
+                ):
+                    comp.replace_uses(inst.name, value)
+                    comp.remove(inst.name)
+                    arithmetic[inst.name] = value
                 elif inst.opcode == "subtract" and (add := _subtract_of_constant(edit, comp, inst)) is not None:
                     comp.replace_uses(inst.name, add)
                     comp.remove(inst.name)
                     renamed[inst.name] = add
                     negated += 1
-        if not (renamed or rewritten):
+        if not (renamed or rewritten or arithmetic):
             return Rewrite(module)
         removed = len(renamed) - negated
         parts = [f"{removed} identity ops removed"] if removed else []
         parts += [f"{rewritten} broadcasts and reshapes rewritten as simpler reshapes"] if rewritten else []
         parts += [f"{negated} subtractions of a constant rewritten as additions"] if negated else []
+        parts += [f"{len(arithmetic)} dots strength-reduced"] if arithmetic else []
+        renamed.update(arithmetic)
         return Rewrite(edit.freeze(), renamed, "; ".join(parts))

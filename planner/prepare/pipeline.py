@@ -29,6 +29,7 @@ from planner.prepare.front import CallInlining, ShardyImport
 from planner.prepare.loop_invariant_motion import WhileLoopInvariantCodeMotion
 from planner.prepare.module_dce import HloModuleDce
 from planner.prepare.prepared import PassRecord, PreparedModule
+from planner.prepare.reduce_rewriter import TpuReduceRewriter
 from planner.prepare.rewrite import ModulePass
 from planner.prepare.sparse_gradient import SparseGradientRewrite
 from planner.prepare.while_simplifier import WhileLoopSimplifier
@@ -49,6 +50,7 @@ TPU_SIMPLIFICATION = FixedPoint(
     (
         HloCse(),
         AlgebraicSimplifier(),
+        TpuReduceRewriter(),
         HloDce(),
         TupleSimplifier(),
         WhileLoopConstantSinking(sink_broadcast_of_constants=True, sink_only_scalar_constants=False),
@@ -69,6 +71,9 @@ TPU_PASSES: tuple[ModulePass, ...] = (
     TupleSimplifier(),
     HloModuleDce(),
     TPU_SIMPLIFICATION,
+    # `Phase_1_pre-layout_assignment_passes`'s algsimp after `simplification-1`: the first that
+    # rewrites a dot with no contracting dims as a multiply.
+    AlgebraicSimplifier(dot_to_multiply=True),
     HloConstantSplitter(split_expressions=True),
     HloDce(),
 )
