@@ -150,9 +150,10 @@ class Case:
         if (self.family == "moe") != bool(self.size.num_experts):
             raise ValueError(f"family={self.family!r} with num_experts={self.size.num_experts}")
         if self.front_end == "torch_xla":
-            # torch_xla 2.9 only partitions with GSPMD and has no ahead-of-time TPU path here.
-            if self.partitioner != "gspmd" or self.chip is not None or self.family != "llama":
-                raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps on XLA:CPU only")
+            # torch_xla 2.9 only partitions with GSPMD; XLA:TPU compiles its dump ahead of time through
+            # the faithful StableHLO conversion (planner.plan.stablehlo).
+            if self.partitioner != "gspmd" or self.family != "llama":
+                raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps")
             if self.remat not in (None, "min_cut"):
                 raise ValueError(f"{self.name}: torch_xla's remat is the min_cut partition_fn")
             # F.cross_entropy is log_softmax + nll_loss: the take_along_axis spelling.
@@ -414,7 +415,7 @@ def grid(seed: int = 13) -> tuple[Case, ...]:
                 continue  # remat is a property of scan's partition_fn
             for mesh in (MeshSpec((4, 2)), MeshSpec((2, 4))):
                 name = _name("torch_xla", "llama", remat, torch_size, "gspmd", mesh, False, f"_{mode}")
-                cases.append(Case(name, "torch_xla", "gspmd", remat, torch_size, mesh, chip=None, torch_mode=mode))
+                cases.append(Case(name, "torch_xla", "gspmd", remat, torch_size, mesh, chip="v6e", torch_mode=mode))
     return tuple(cases) + lm_grid(seed)
 
 
@@ -524,7 +525,7 @@ def lm_grid(seed: int = 13) -> tuple[Case, ...]:
         ("scan", "lm_tied", "adamw", "min_cut", MeshSpec((2, 4))),
         ("loop", "lm", "adamw", None, MeshSpec((4, 2))),
     ):
-        case = Case("", "torch_xla", "gspmd", remat, torch_size, mesh, chip=None, torch_mode=mode, step=step,
+        case = Case("", "torch_xla", "gspmd", remat, torch_size, mesh, chip="v6e", torch_mode=mode, step=step,
                     cross_entropy="take_along_axis", optimizer=optimizer)  # fmt: skip
         cases.append(named(case))
     return tuple(cases)
@@ -569,7 +570,7 @@ def ci_subset() -> tuple[Case, ...]:
     small = ModelSize(num_layers=4, hidden_size=512, ffn_size=2048, num_heads=8, head_size=64, seq_len=128)
     for mode, remat in (("scan", "min_cut"), ("loop", None)):
         name = "ci_" + _name("torch_xla", "llama", remat, small, "gspmd", MeshSpec((4, 2)), False, f"_{mode}")
-        cases.append(Case(name, "torch_xla", "gspmd", remat, small, MeshSpec((4, 2)), chip=None, torch_mode=mode))
+        cases.append(Case(name, "torch_xla", "gspmd", remat, small, MeshSpec((4, 2)), chip="v6e", torch_mode=mode))
     # Whole steps: a GSPMD language model, a tied one with AdamW over bf16 params (f32 master copy,
     # clipped), and gradient accumulation under Shardy.
     lm = replace(sizes["llama"], vocab_size=8192)

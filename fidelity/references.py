@@ -18,8 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from fidelity import torch_xla_tpu
 from fidelity.cases import Case
 from fidelity.generate import PROJECT_ROOT, run_case
+from planner.errors import PlannerError
 
 DEFAULT_CACHE = PROJECT_ROOT / ".cache" / "fidelity"
 # What a fixture is made from, besides its case's config: every module the runners import.
@@ -45,7 +47,8 @@ def _installed(package: str) -> str:
 def content_key(case: Case) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps({"name": case.name, "config": case.config()}, sort_keys=True).encode())
-    for source in _SOURCES:
+    extra = torch_xla_tpu.SOURCES if case.front_end == "torch_xla" and case.chip is not None else ()
+    for source in (*_SOURCES, *extra):
         digest.update((PROJECT_ROOT / source).read_bytes())
     for package in _COMPILERS:
         digest.update(f"{package}=={_installed(package)}".encode())
@@ -65,7 +68,16 @@ def ensure_references(cases: list[Case], jobs: int = 1) -> list[str]:
         print(f"generating {len(missing)} of {len(cases)} references into {cache_dir()}", file=sys.stderr)
 
     def one(case: Case) -> str | None:
-        return None if run_case(case, reference_path(case).parent, None, CACHE_RUNNER_ARGS) else case.name
+        if not run_case(case, reference_path(case).parent, None, CACHE_RUNNER_ARGS):
+            return case.name
+        if case.front_end == "torch_xla" and case.chip is not None:
+            try:
+                torch_xla_tpu.add_tpu_record(case, reference_path(case))
+            except PlannerError as e:
+                print(f"FAILED {case.name}: XLA:TPU could not compile the step: {e}", file=sys.stderr)
+                reference_path(case).with_suffix(".xla.json").unlink()
+                return case.name
+        return None
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return [name for name in pool.map(one, missing) if name is not None]
