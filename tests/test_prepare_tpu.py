@@ -1,0 +1,133 @@
+"""The TPU target's pipeline against XLA:TPU itself, on the sweep's CI subset (libtpu, ahead of time).
+
+Each reference holds what XLA:TPU decided for the step: its module as it entered sharding
+propagation, every instruction's sharding after its last propagation, each loop's per-device tuple
+after `tpu-spmd-partitioning` and the step's output shardings (`fidelity.run_jax`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fidelity.agreement import sharding_agreement, while_shape_mismatches
+from fidelity.cases import CI_SUBSET, Case
+from fidelity.references import ensure_references, reference_path
+from planner import parse_hlo_file
+from planner.hlo.loops import while_loops
+from planner.mesh import Mesh
+from planner.plan.placements import Annotation, Placement, apply_placements
+from planner.plan.planner import make_plan
+from planner.prepare import annotate, prepare, reprepare
+from planner.propagation import propagate
+from planner.sharding import parse_sharding
+
+pytestmark = pytest.mark.xla
+
+TPU_CASES = [c for c in CI_SUBSET if c.front_end == "jax" and c.partitioner == "gspmd" and c.chip is not None]
+LM_STEP = next(c for c in TPU_CASES if c.step == "lm" and not c.pinned)
+
+
+def _reference(case: Case) -> tuple[Path, dict]:
+    assert not ensure_references([case]), f"{case.name} failed to generate"
+    hlo = reference_path(case)
+    return hlo, json.loads(hlo.with_suffix(".xla.json").read_text())
+
+
+def _mesh(record: dict) -> Mesh:
+    return Mesh(tuple(record["mesh"]["shape"]), tuple(record["mesh"]["axis_names"]))
+
+
+@pytest.mark.parametrize("case", TPU_CASES, ids=[c.name for c in TPU_CASES])
+def test_loops_carry_what_xla_tpu_s_loops_carry_when_it_propagates(case: Case) -> None:
+    hlo, record = _reference(case)
+    prepared = prepare(parse_hlo_file(hlo), case.chip or "v6e")
+    golden = parse_hlo_file(hlo.with_name(record["tpu"]["pre_propagation_module"]))
+
+    def carried(loops: object) -> list[Counter[str]]:
+        return sorted((Counter(leaf.to_text(False) for leaf in loop.instruction.shape.leaves()) for loop in loops),
+                      key=lambda c: sorted(c.items()))  # type: ignore[attr-defined]  # fmt: skip
+
+    assert carried(prepared.loops) == carried(while_loops(golden))
+
+
+@pytest.mark.parametrize("case", TPU_CASES, ids=[c.name for c in TPU_CASES])
+def test_per_device_while_shapes_and_instruction_shardings_are_xla_tpu_s(case: Case) -> None:
+    hlo, record = _reference(case)
+    tpu = record["tpu"]
+    prepared = prepare(parse_hlo_file(hlo), case.chip or "v6e")
+    result = propagate(prepared)
+    compared, misses = while_shape_mismatches(prepared, tpu["post_partition_while_shapes"], result)
+    assert misses == [] and compared > 0
+    golden = parse_hlo_file(hlo.with_name(tpu["pre_propagation_module"]))
+    agreement = sharding_agreement(prepared, result, tpu["instruction_shardings"], golden)
+    assert agreement.compared >= 0.4 * prepared.module.num_instructions
+    assert agreement.share >= 0.99, agreement
+
+
+def _under_sharded_outputs(record: dict, threshold: float = 1.5) -> set[int]:
+    """Gradient outputs XLA:TPU splits over fewer devices than their parameters (positions)."""
+    mesh = dict(zip(record["mesh"]["axis_names"], record["mesh"]["shape"]))
+    found = set()
+    for position, (name, text) in enumerate(zip(record["outputs"], record["tpu"]["output_shardings"])):
+        parameter = record["params"].get("params" + name.removeprefix("grads")) if name.startswith("grads") else None
+        if parameter is None:
+            continue
+        shape = tuple(parameter["shape"])
+        splits = [
+            math.prod(mesh[a] for a in ([s] if isinstance(s, str) else s)) for s in parameter["partition_spec"] if s
+        ]
+        ideal = math.prod(shape) / math.prod(splits)
+        sharding = parse_sharding(text)
+        held = math.prod(sharding.shard_shape(shape)) if sharding.is_tiled else math.prod(shape)
+        if held > threshold * ideal and (held - ideal) * 4 >= 1 << 20:
+            found.add(position)
+    return found
+
+
+def test_every_gradient_xla_tpu_leaves_under_sharded_is_a_finding_only_tpu_has() -> None:
+    """The free LM step: XLA:TPU keeps its stacked gradients and its embedding and head gradients split over tp
+    only, where XLA:CPU shards the stacked ones like their weights. The v6e plan finds each, and says why only
+    XLA:TPU does."""
+    hlo, record = _reference(LM_STEP)
+    module = parse_hlo_file(hlo)
+    prepared = prepare(module, "v6e", _mesh(record))
+    plan, _ = make_plan(prepared, 32 << 30)
+    expected = _under_sharded_outputs(record)
+    assert len(expected) >= 8
+    from planner.plan.scan_pairs import output_positions
+
+    covered: set[int] = set()
+    for f in plan.findings:
+        if f.kind == "gradient-output":
+            covered.add(f.index)
+        elif f.kind == "stacked-gradient":
+            covered.update(output_positions(prepared.module, prepared.loop(f.loop), f.index))
+    assert expected <= covered, sorted(expected - covered)
+    stacked = [f for f in plan.findings if f.kind == "stacked-gradient"]
+    assert stacked and all(f.compiler_only and "XLA:CPU shards this gradient" in f.compiler_only for f in stacked)
+    assert all("while-loop-constant-sinking" in (f.compiler_only or "") for f in stacked)
+    cpu, _ = make_plan(prepare(module, "cpu", _mesh(record)), 32 << 30)
+    assert [f for f in cpu.findings if f.kind == "stacked-gradient"] == []
+
+
+def test_placements_written_after_the_passes_are_placements_written_before() -> None:
+    """Annotations commute with XLA:TPU's modelled passes: the plan writes them into the prepared module; running
+    the passes again on the annotated front propagates to the same shardings."""
+    hlo, record = _reference(LM_STEP)
+    prepared = prepare(parse_hlo_file(hlo), "v6e", _mesh(record))
+    plan, _ = make_plan(prepared, 32 << 30)
+    chosen = [
+        Placement(p.id, p.kind, p.summary, tuple(p.fixes), tuple(
+            Annotation(a.computation, a.instruction, a.sharding, tuple(a.unspecified_dims), a.shard_as)
+            for a in p.annotations))
+        for p in plan.placements if p.recommended
+    ]  # fmt: skip
+    assert chosen
+    after = propagate(annotate(prepared, lambda m: apply_placements(m, chosen)))
+    again = propagate(reprepare(prepared, apply_placements(prepared.front, chosen)))
+    assert after.shardings() == again.shardings()
