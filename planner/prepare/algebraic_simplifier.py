@@ -38,6 +38,7 @@ from typing import ClassVar
 from planner.hlo.attributes import ComputationRefs
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
+from planner.prepare.constant_folding import parse_scalar
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
 
@@ -79,16 +80,23 @@ def _unannotated_reshape(inst: Instruction) -> bool:
 
 
 def _subtract_of_constant(edit: ModuleEdit, comp: ComputationEdit, inst: Instruction) -> str | None:
-    """`A - C => A + (-C)` (`AlgebraicSimplifierVisitor::HandleSubtract`): C is a constant, or a
-    broadcast of one (negated, then broadcast again), and A is not a constant. Returns the new add."""
+    """`A - C => A + (-C)` (`AlgebraicSimplifierVisitor::HandleSubtract`): C is a scalar constant, or a
+    broadcast of one (negated, then broadcast again), and A is not a constant; `A - 0` is `A`, which
+    HandleSubtract returns first. Returns the name that now holds the difference.
+
+    XLA rewrites array constants too; their negation is then folded by constant folding, which the
+    planner does for scalars only, so an array constant's subtraction is left as it is (the same
+    value, and the same propagation: its operand is a constant either way)."""
     shape = _array(inst)
     lhs, rhs = (comp[o] for o in inst.operands)
     if shape is None or lhs.opcode == "constant":
         return None
     broadcast = rhs if rhs.opcode == "broadcast" else None
     constant = comp[rhs.operands[0]] if broadcast is not None else rhs
-    if constant.opcode != "constant":
+    if constant.opcode != "constant" or constant.shape.leaves()[0].rank != 0:
         return None
+    if parse_scalar(constant.literal or "", constant.shape.leaves()[0].element_type) == 0:
+        return lhs.name
     negate = Instruction(edit.fresh_name("negate"), "negate", constant.shape, (constant.name,))
     comp.add(negate, before=inst.name)
     negative = negate.name

@@ -195,7 +195,9 @@ class ModuleEdit:
     def post_order(self) -> list[str]:
         """The computations callees first (XLA's `HloModule::MakeComputationPostOrder`): for each
         computation nothing calls, in list order, the computations it calls, depth first in
-        instruction order (a While's condition before its body), then itself."""
+        instruction order, then itself. (XLA lists a While's body before its condition; the
+        order between those two changes nothing the planner reads from this order: the Whiles
+        loop-invariant motion collects, callees first.)"""
         called = {c for comp in self.computations.values() for i in comp for c in i.called_computations}
         order: list[str] = []
         seen: set[str] = set()
