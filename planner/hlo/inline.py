@@ -45,11 +45,13 @@ def inline_calls(module: HloModule) -> InlinedModule:
         done[comp.name] = _inline_into(comp, done, call_sites, aliases)
     still_called = {name for c in done.values() for inst in c for name in inst.called_computations}
     kept = tuple(done[c.name] for c in module.computations if c.name == module.entry_name or c.name in still_called)
-    return InlinedModule(dataclasses.replace(module, computations=kept), _resolve_chains(aliases))
+    return InlinedModule(dataclasses.replace(module, computations=kept), resolve_chains(aliases))
 
 
-def _resolve_chains(aliases: dict[str, str]) -> dict[str, str]:
-    """A callee parameter may alias a parameter of an outer callee that was inlined too."""
+def resolve_chains(aliases: dict[str, str]) -> dict[str, str]:
+    """Each retired name to the name that holds its value in the end: a callee parameter may alias a
+    parameter of an outer callee that was inlined too, a name one pass retired may point at one a
+    later pass retired."""
     resolved = {}
     for name, target in aliases.items():
         seen = {name}

@@ -17,7 +17,6 @@ import itertools
 import re
 from collections.abc import Iterator
 
-from planner.hlo.attributes import ComputationRefs
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import Shape, TupleShape
 
@@ -76,9 +75,6 @@ class ComputationEdit:
 
     def has_users(self, name: str) -> bool:
         return bool(self._users[name])
-
-    def position(self, name: str) -> int:
-        return self._order.index(name)
 
     # -- changing ------------------------------------------------------------------------------------
 
@@ -217,12 +213,6 @@ class ModuleEdit:
                 order.append(name)
         return order
 
-    def add_computation(self, comp: ComputationEdit, after: str) -> None:
-        items = list(self.computations.items())
-        at = next(k for k, (n, _) in enumerate(items) if n == after) + 1
-        items.insert(at, (comp.name, comp))
-        self.computations = dict(items)
-
     def remove_unreachable_computations(self) -> list[str]:
         reached: set[str] = set()
         stack = [self.entry_name]
@@ -268,23 +258,6 @@ def with_attribute(inst: Instruction, key: str, value: object, text: str) -> Ins
             break
     else:
         attrs.append(Attribute(key, value, text))
-    return dataclasses.replace(inst, attributes=tuple(attrs))
-
-
-def without_attribute(inst: Instruction, key: str) -> Instruction:
-    return dataclasses.replace(inst, attributes=tuple(a for a in inst.attributes if a.key != key))
-
-
-def with_computations(inst: Instruction, renamed: dict[str, str]) -> Instruction:
-    """`inst` calling `renamed[c]` wherever it called `c`."""
-    attrs = []
-    for a in inst.attributes:
-        if isinstance(a.value, ComputationRefs) and any(n in renamed for n in a.value.names):
-            names = tuple(renamed.get(n, n) for n in a.value.names)
-            refs = dataclasses.replace(a.value, names=names)
-            text = ", ".join(f"%{n}" for n in names)
-            a = Attribute(a.key, refs, text if len(names) == 1 else "{" + text + "}")
-        attrs.append(a)
     return dataclasses.replace(inst, attributes=tuple(attrs))
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from planner.hlo.inline import resolve_chains
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
 from planner.hlo.shardy_import import resolve_mesh
@@ -170,7 +171,7 @@ def _target_passes(
     merged.update(target_aliases)
     # A pass may give a new instruction a name an earlier one retired: the live instruction owns it.
     live = {i.name for c in module.computations for i in c}
-    merged = {k: v for k, v in _chained(merged).items() if k not in live}
+    merged = {k: v for k, v in resolve_chains(merged).items() if k not in live}
     return PreparedModule(
         source=source,
         front=front,
@@ -210,7 +211,7 @@ def _run(module: HloModule, passes: Sequence[ModulePass]) -> tuple[HloModule, di
         module = rewrite.module
         aliases.update(rewrite.renamed)
         records.append(PassRecord(pass_name(p), p.MIRRORS, rewrite.summary))
-    return module, _chained(aliases), records
+    return module, resolve_chains(aliases), records
 
 
 def pass_name(p: ModulePass) -> str:
@@ -221,18 +222,6 @@ def pass_name(p: ModulePass) -> str:
 def _front_records(prepared: PreparedModule) -> int:
     names = {p.NAME for p in FRONT_PASSES}
     return sum(1 for r in prepared.passes if r.name in names)
-
-
-def _chained(aliases: dict[str, str]) -> dict[str, str]:
-    """A retired name may point at a name a later pass retired too: follow to the end."""
-    resolved = {}
-    for name, target in aliases.items():
-        seen = {name}
-        while target in aliases and target not in seen:
-            seen.add(target)
-            target = aliases[target]
-        resolved[name] = target
-    return resolved
 
 
 def _check_partitions(module: HloModule, mesh: Mesh | None) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.hlo.ir import Instruction
-from planner.hlo.shapes import Shape, TupleShape
+from planner.hlo.shapes import TupleShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, tuple_of
 
 
@@ -228,7 +228,3 @@ def _element_of(edit: ModuleEdit, comp: ComputationEdit, tuple_inst: Instruction
     gte = get_tuple_element(edit.fresh_name("get-tuple-element"), tuple_inst.name, shape, index)
     comp.add(gte, before=before)
     return gte.name
-
-
-def element_shapes(shape: Shape) -> tuple[Shape, ...]:
-    return shape.elements if isinstance(shape, TupleShape) else (shape,)
