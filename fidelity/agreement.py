@@ -6,7 +6,9 @@ equal them, a memory error lies in the memory model, not in propagation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from fidelity.matching import pair_instructions
 from planner.hlo.ir import HloModule
@@ -101,3 +103,28 @@ def sharding_agreement(
         compared += 1
         equal += result.sharding(ours) == parse_sharding(text)
     return ShardingAgreement(equal, compared)
+
+
+def under_sharded_gradients(record: dict[str, Any], compiler: str, threshold: float = 1.5,
+                            min_bytes: int = 1 << 20) -> set[int]:  # fmt: skip
+    """Positions of the gradient outputs a compiler splits over fewer devices than their parameters.
+
+    `record` is a JAX reference's: its outputs are named `grads[...]` beside `params[...]` with their
+    shapes, partition specs and the mesh; `compiler` is "cpu" (its output shardings) or "tpu".
+    """
+    outputs = record["tpu"]["output_shardings"] if compiler == "tpu" else record["output_shardings"]
+    mesh = dict(zip(record["mesh"]["axis_names"], record["mesh"]["shape"]))
+    found = set()
+    for position, (name, text) in enumerate(zip(record["outputs"], outputs)):
+        parameter = record["params"].get("params" + name.removeprefix("grads")) if name.startswith("grads") else None
+        if parameter is None:
+            continue
+        shape = tuple(parameter["shape"])
+        axes = [a for spec in parameter["partition_spec"] if spec for a in ([spec] if isinstance(spec, str) else spec)]
+        ideal = math.prod(shape) / math.prod(mesh[a] for a in axes)
+        sharding = parse_sharding(text)
+        held = math.prod(sharding.shard_shape(shape)) if sharding.is_tiled else math.prod(shape)
+        element_bytes = {"float32": 4, "bfloat16": 2}.get(parameter.get("dtype", "float32"), 4)
+        if held > threshold * ideal and (held - ideal) * element_bytes >= min_bytes:
+            found.add(position)
+    return found

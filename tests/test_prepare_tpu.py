@@ -8,13 +8,12 @@ after `tpu-spmd-partitioning` and the step's output shardings (`fidelity.run_jax
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from fidelity.agreement import sharding_agreement, while_shape_mismatches
+from fidelity.agreement import sharding_agreement, under_sharded_gradients, while_shape_mismatches
 from fidelity.cases import CI_SUBSET, Case
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
@@ -24,7 +23,6 @@ from planner.plan.placements import Annotation, Placement, apply_placements
 from planner.plan.planner import make_plan
 from planner.prepare import annotate, prepare, reprepare
 from planner.propagation import propagate
-from planner.sharding import parse_sharding
 
 pytestmark = pytest.mark.xla
 
@@ -69,26 +67,6 @@ def test_per_device_while_shapes_and_instruction_shardings_are_xla_tpu_s(case: C
     assert agreement.share >= 0.99, agreement
 
 
-def _under_sharded_outputs(record: dict, threshold: float = 1.5) -> set[int]:
-    """Gradient outputs XLA:TPU splits over fewer devices than their parameters (positions)."""
-    mesh = dict(zip(record["mesh"]["axis_names"], record["mesh"]["shape"]))
-    found = set()
-    for position, (name, text) in enumerate(zip(record["outputs"], record["tpu"]["output_shardings"])):
-        parameter = record["params"].get("params" + name.removeprefix("grads")) if name.startswith("grads") else None
-        if parameter is None:
-            continue
-        shape = tuple(parameter["shape"])
-        splits = [
-            math.prod(mesh[a] for a in ([s] if isinstance(s, str) else s)) for s in parameter["partition_spec"] if s
-        ]
-        ideal = math.prod(shape) / math.prod(splits)
-        sharding = parse_sharding(text)
-        held = math.prod(sharding.shard_shape(shape)) if sharding.is_tiled else math.prod(shape)
-        if held > threshold * ideal and (held - ideal) * 4 >= 1 << 20:
-            found.add(position)
-    return found
-
-
 def test_every_gradient_xla_tpu_leaves_under_sharded_is_a_finding_only_tpu_has() -> None:
     """The free LM step: XLA:TPU keeps its stacked gradients and its embedding and head gradients split over tp
     only, where XLA:CPU shards the stacked ones like their weights. The v6e plan finds each, and says why only
@@ -97,7 +75,7 @@ def test_every_gradient_xla_tpu_leaves_under_sharded_is_a_finding_only_tpu_has()
     module = parse_hlo_file(hlo)
     prepared = prepare(module, "v6e", _mesh(record))
     plan, _ = make_plan(prepared, 32 << 30)
-    expected = _under_sharded_outputs(record)
+    expected = under_sharded_gradients(record, "tpu")
     assert len(expected) >= 8
     from planner.plan.scan_pairs import output_positions
 
