@@ -9,7 +9,10 @@ the way XLA's while-loop analysis does it for the common scan shape:
     body:      tuple element i is add(get-tuple-element(param), index=i), constant(1))
     init:      element i of the While's operand is constant(K)
 
-gives N - K iterations.
+gives N - K iterations. XLA:TPU carries a 64-bit counter as two u32 halves (see
+`prepare.x64_rewriter`); the planner's rewrite reads them back as `X64Combine(low, high)` and
+returns the low word as `convert(add(...))` to u32, which this reads as the counter itself at the
+low half's index.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.shapes import TupleShape
+from planner.hlo.shapes import ArrayShape, TupleShape
 
 # How far to follow copies, converts and call parameters back to a constant.
 _MAX_TRACE = 16
@@ -99,6 +102,9 @@ def _trip_count_from_structure(module: HloModule, comp: Computation, loop: Instr
 
 
 def _tuple_index_of_parameter(comp: Computation, inst: Instruction) -> int | None:
+    if _x64_call(inst, "X64Combine") and len(inst.operands) == 2:
+        low, high = (_tuple_index_of_parameter(comp, comp[o]) for o in inst.operands)
+        return low if low is not None and high == low + 1 else None
     if inst.opcode != "get-tuple-element":
         return None
     source = comp[inst.operands[0]]
@@ -110,12 +116,26 @@ def _increments_by_one(body: Computation, index: int) -> bool:
     if root.opcode != "tuple" or index >= len(root.operands):
         return False
     step = body[root.operands[index]]
+    if _low_word(body, step):
+        step = body[step.operands[0]]
     if step.opcode != "add":
         return False
     a, b = body.operands(step)
     return (_tuple_index_of_parameter(body, a) == index and _integer_constant(b) == 1) or (
         _tuple_index_of_parameter(body, b) == index and _integer_constant(a) == 1
     )
+
+
+def _x64_call(inst: Instruction, target: str) -> bool:
+    return inst.opcode == "custom-call" and inst.attr("custom_call_target") == target
+
+
+def _low_word(comp: Computation, inst: Instruction) -> bool:
+    """`convert` of a 64-bit integer to u32: the low word of a split counter."""
+    if inst.opcode != "convert" or not isinstance(inst.shape, ArrayShape) or inst.shape.element_type != "u32":
+        return False
+    operand = comp[inst.operands[0]].shape
+    return isinstance(operand, ArrayShape) and operand.element_type in ("s64", "u64")
 
 
 def _integer_constant(inst: Instruction) -> int | None:

@@ -56,7 +56,13 @@ TPU_PASS_GROUPS: tuple[PassGroup, ...] = (
     PassGroup(frozenset({"hlo-constant-splitter"}), "it gives every reader of a constant expression its own copy"),
     PassGroup(
         frozenset({"algsimp"}),
-        "it writes broadcasts that only add size-1 dims as reshapes, which propagation crosses three levels earlier",
+        "it writes broadcasts that only add size-1 dims as reshapes, which propagation crosses three levels earlier, "
+        "and reads a slice of a concatenate from the concatenated operand, so the loop carries that operand",
+    ),
+    PassGroup(
+        frozenset({"list-order"}),
+        "XLA's list has inlined annotations nothing reads after the root, so a shard_as group is decided by the "
+        "values the body computes before the annotated weights",
     ),
 )
 

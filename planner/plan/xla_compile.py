@@ -192,8 +192,14 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
     )
     stats = executable.get_compiled_memory_stats()
     whiles = []
-    # XLA:CPU's pass is spmd-partitioning, XLA:TPU's tpu-spmd-partitioning.
-    partitioned = sorted(glob.glob(os.path.join(dump, "*after_*spmd-partitioning*.txt")))
+    # XLA:CPU's pass is spmd-partitioning, XLA:TPU's tpu-spmd-partitioning. Not `*after_*spmd-partitioning*`:
+    # that also matches XLA:TPU's much later `tpu-sparse-core-hierarchical-spmd-partitioning`, whose
+    # loops the post-partitioning passes have already changed (a torch_xla min-cut step's backward
+    # loop: 40 elements there, 50 after tpu-spmd-partitioning).
+    partitioned = sorted(
+        glob.glob(os.path.join(dump, "*.after_spmd-partitioning.*.txt"))
+        + glob.glob(os.path.join(dump, "*.after_tpu-spmd-partitioning.*.txt"))
+    )
     if partitioned:
         with open(partitioned[-1]) as f:
             whiles = partitioned_whiles(f.read())

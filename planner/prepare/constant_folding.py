@@ -4,13 +4,16 @@ XLA folds an instruction whose operands are all constants (or broadcasts of cons
 one a constant, and never a broadcast or an iota. In XLA:TPU's loop pipeline what this changes is
 the scalar index arithmetic the loop-invariant motion hoists (`negate(constant(1))`): folded to a
 constant, the carried element it became is sunk back into the body and removed, so the loop's
-tuple ends as it would have without the hoist. Folding arrays (which XLA also does) changes no
-loop element in the steps modelled and is not done here: an array literal is kept as written.
+tuple ends as it would have without the hoist. Non-finite literals fold too: torch_xla guards a
+mean's `1/n` with `select(n != 0, 1/n, nan)`, which the loop-invariant motion hoists out of the
+scan body; XLA:TPU's `simplification-1.after_constant_folding` folds it (the step's `nan` constants
+go), and the constant is sunk back, so the forward loop carries no element for it. Folding arrays
+(which XLA also does) changes no loop element in the steps modelled and is not done here: an array
+literal is kept as written.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +58,7 @@ def parse_scalar(literal: str, element_type: str) -> Number | None:
         value = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return value  # nan and inf too: XLA folds `select(p, x, nan)` like any other
 
 
 def format_scalar(value: Number, element_type: str) -> str:

@@ -117,6 +117,13 @@ class ComputationEdit:
         if self.root_name == old:
             self.root_name = new
 
+    def reorder(self, order: list[str]) -> None:
+        """The same instructions in program order `order` (the caller keeps it topological)."""
+        if sorted(order) != sorted(self._order):
+            raise ValueError(f"reorder of {self.name} must keep its instructions")
+        self._order = list(order)
+        self._positions = None
+
     def remove(self, name: str) -> None:
         """Removes an instruction nothing reads."""
         if self._users[name] or name == self.root_name:

@@ -27,6 +27,7 @@ from planner.prepare.cse import HloCse
 from planner.prepare.dead_code import HloDce, TupleSimplifier
 from planner.prepare.fixed_point import FixedPoint
 from planner.prepare.front import CallInlining, ShardyImport
+from planner.prepare.list_order import AddedRootsLast
 from planner.prepare.loop_invariant_motion import WhileLoopInvariantCodeMotion
 from planner.prepare.module_dce import HloModuleDce
 from planner.prepare.prepared import PassRecord, PreparedModule
@@ -34,6 +35,7 @@ from planner.prepare.reduce_rewriter import TpuReduceRewriter
 from planner.prepare.rewrite import ModulePass
 from planner.prepare.sparse_gradient import SparseGradientRewrite
 from planner.prepare.while_simplifier import WhileLoopSimplifier
+from planner.prepare.x64_rewriter import X64Rewriter
 from planner.propagation.options import PropagationOptions
 from planner.targets import Backend
 from planner.targets import backend as backend_of
@@ -41,7 +43,8 @@ from planner.targets import backend as backend_of
 FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining())
 
 # XLA:TPU's passes before its partitioner that change what propagation decides, in its order (its
-# dump of an LM step, pass by pass): the embedding-free cross-entropy gradient rewritten, common
+# dump of an LM step, pass by pass): the embedding-free cross-entropy gradient rewritten, 64-bit
+# loop elements (torch_xla's s64 counter) carried as two u32 halves, common
 # subexpressions merged (the two RoPE tables become one), the module DCE's first loop clean-up, its
 # `simplification-1` loop passes to their fixed point, and the partitioner's own constant splitter.
 # Passes of that pipeline not listed change no sharding decision on the steps measured (the
@@ -67,6 +70,7 @@ TPU_SIMPLIFICATION = FixedPoint(
 )
 TPU_PASSES: tuple[ModulePass, ...] = (
     SparseGradientRewrite(),
+    X64Rewriter(),
     HloDce(),
     HloCse(),
     TupleSimplifier(),
@@ -166,7 +170,11 @@ def _target_passes(
     warnings: tuple[str, ...],
     disabled: frozenset[str] = frozenset(),
 ) -> PreparedModule:
-    module, target_aliases, target_records = _run(front, _without(TARGET_PASSES[backend.compiler], disabled))
+    passes = _without(TARGET_PASSES[backend.compiler], disabled)
+    if backend.compiler == "tpu" and AddedRootsLast.NAME not in disabled:
+        # XLA's list order of what its passes added (see list_order.py): needs the module as written.
+        passes = (*passes, AddedRootsLast.of(source))
+    module, target_aliases, target_records = _run(front, passes)
     merged = dict(aliases)
     merged.update(target_aliases)
     # A pass may give a new instruction a name an earlier one retired: the live instruction owns it.
