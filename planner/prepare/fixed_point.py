@@ -1,8 +1,9 @@
 """A sequence of passes run until none changes the module (XLA's HloPassFix over a pipeline).
 
 XLA stops such a pipeline after 25 iterations (`HloPassFix::kIterationLimit`); XLA:TPU's
-`simplification-1` reaches that limit only because two of its layout passes undo each other, which
-the planner does not model, so here the loop passes settle in a few iterations.
+`simplification-1` reaches that limit only because two of its layout passes undo each other; the
+planner models the pair by its net effect (`broadcast_rewriter`), which settles, so here the loop
+passes settle in a few iterations.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from planner.hlo.shardy_import import resolve_mesh
 from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
 from planner.prepare.algebraic_simplifier import AlgebraicSimplifier
+from planner.prepare.broadcast_rewriter import TpuBroadcastRewriter
 from planner.prepare.constant_folding import ConstantFolding
 from planner.prepare.constant_sinking import WhileLoopConstantSinking
 from planner.prepare.constant_splitter import HloConstantSplitter
@@ -46,7 +47,9 @@ FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining())
 # dump of an LM step, pass by pass): the embedding-free cross-entropy gradient rewritten, 64-bit
 # loop elements (torch_xla's s64 counter) carried as two u32 halves, common
 # subexpressions merged (the two RoPE tables become one), the module DCE's first loop clean-up, its
-# `simplification-1` loop passes to their fixed point, and the partitioner's own constant splitter.
+# `simplification-1` loop passes to their fixed point (with the net effect of its two layout
+# passes, `tpu-broadcast-rewriter` and `tpu-degenerate-dimension-rewriter`, after
+# `tpu-reduce-rewriter` as in XLA's order), and the partitioner's own constant splitter.
 # Passes of that pipeline not listed change no sharding decision on the steps measured (the
 # README's table of passes says which and why).
 TPU_SIMPLIFICATION = FixedPoint(
@@ -55,6 +58,7 @@ TPU_SIMPLIFICATION = FixedPoint(
         HloCse(),
         AlgebraicSimplifier(),
         TpuReduceRewriter(),
+        TpuBroadcastRewriter(),
         HloDce(),
         TupleSimplifier(),
         WhileLoopConstantSinking(sink_broadcast_of_constants=True, sink_only_scalar_constants=False),
