@@ -49,10 +49,10 @@ def test_torch_xla_compile_gives_torch_xlas_measured_bytes_and_loops(truth_path)
 
 @pytest.mark.xla
 def test_verify_on_the_bundled_torch_xla_dump_agrees_with_torch_xla() -> None:
-    """The README's worked example: XLA's before is torch_xla's run; the saving is the `_fixed` run's, within 20%."""
+    """The README's XLA:CPU plan: XLA's before is torch_xla's run; the saving is the `_fixed` run's, within 20%."""
     base = json.loads((TORCH_XLA / "llama_scan_L8_fsdp4_tp2.truth.json").read_text())
     fixed = json.loads((TORCH_XLA / "llama_scan_L8_fsdp4_tp2_fixed.truth.json").read_text())
-    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), "v6e", Mesh.parse("fsdp=4,tp=2")), verify=True)
+    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), "cpu", Mesh.parse("fsdp=4,tp=2")), verify=True)
     v = plan.verification
     assert v is not None and plan.verification_skipped is None
     assert v.frontend == "torch_xla" and v.xla.startswith("torch_xla 2.9.0")
@@ -60,15 +60,28 @@ def test_verify_on_the_bundled_torch_xla_dump_agrees_with_torch_xla() -> None:
     measured_saving = base["xla_per_device_total_bytes"] - fixed["xla_per_device_total_bytes"]
     assert abs(v.xla_saving_bytes - measured_saving) <= 0.2 * measured_saving, (v.xla_saving_bytes, measured_saving)
     assert v.gradient_check is None and v.stacked_gradients_at_shard, v.gradient_mismatches
-    # XLA:TPU on the faithful StableHLO: the dump's bytes are libtpu's on the dump's own HLO proto (its PJRT C API
-    # compiling program format "hlo" for v6e:2x4, as torch_xla hands a TPU its module).
+    assert v.tpu is None and v.tpu_skipped is None  # an XLA:CPU plan is checked by XLA:CPU
+
+
+@pytest.mark.xla
+def test_verify_on_the_bundled_dump_for_v6e_compiles_with_xla_tpu() -> None:
+    """The README's v6e plan: XLA:TPU keeps the stacked gradients sharded as their weights, so nothing is recommended.
+
+    XLA:TPU compiles the faithful StableHLO; the dump's bytes are libtpu's on the dump's own HLO proto (its PJRT C
+    API compiling program format "hlo" for v6e:2x4, as torch_xla hands a TPU its module).
+    """
+    plan, _ = make_plan(prepare(parse_hlo_file(DEFAULT_DUMP), "v6e", Mesh.parse("fsdp=4,tp=2")), verify=True)
+    assert not any(f.kind == "stacked-gradient" for f in plan.findings)
+    assert not any(p.recommended for p in plan.placements)
+    v = plan.verification
+    assert v is not None and plan.verification_skipped is None
     assert v.tpu is not None and v.tpu_skipped is None, v.tpu_skipped
     assert v.tpu.topology == "v6e:2x4" and "XLA:TPU, libtpu" in v.tpu.xla
     assert v.tpu.before_total_bytes == XLA_TPU_ON_THE_PROTO_BYTES
-    assert v.tpu.after_total_bytes > 0 and v.tpu.predicted_before_bytes == plan.hbm.total_before
+    assert v.tpu.xla_saving_bytes == 0 and v.tpu.predicted_before_bytes == plan.hbm.total_before
     text = render_plan(plan)
     assert "partitioned loops carry" not in text and "XLA:TPU not verified" not in text
-    assert "(XLA:TPU, libtpu 0.0.20, GSPMD ahead of time for v6e:2x4): bytes per chip 198.2 MiB -> " in text
+    assert "(XLA:TPU, libtpu 0.0.20, GSPMD ahead of time for v6e:2x4): bytes per chip 198.2 MiB -> 198.2 MiB" in text
 
 
 @pytest.mark.xla

@@ -4,10 +4,10 @@ It is the first thing every report, page and JSON says. It speaks of the worst
 chip: a step fits only if every chip does, and chips differ (a replicated
 buffer costs every chip the same, an uneven split does not).
 
-A worked example, the bundled torch_xla step planned for a v6e (32 GiB):
-worst chip 563.8 MiB before, 424.8 MiB after pinning every scanned parameter,
-so "fits: 424.8 MiB per chip after the plan, 31.6 GiB to spare on v6e (32.0
-GiB); before 563.8 MiB".
+A worked example, the bundled torch_xla step planned for XLA:CPU with 32 GiB
+per chip: worst chip 659.8 MiB before, 520.8 MiB after pinning every scanned
+parameter, so "fits: 520.8 MiB per chip after the plan, 31.5 GiB to spare on
+32.0 GiB; before 659.8 MiB".
 """
 
 from __future__ import annotations
