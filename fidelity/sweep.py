@@ -26,7 +26,11 @@ from fidelity.agreement import (
     while_shape_mismatches,
 )
 from fidelity.cases import CASES, CI_CASES, Case, case_named
+from fidelity.placement_check import PlacementCheck, check_on_tpu
 from fidelity.references import ensure_references, reference_path
+from planner.hlo.ir import HloModule
+from planner.plan.model import Plan
+from planner.plan.verify import libtpu_installed
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult
 
@@ -45,6 +49,8 @@ class Row:
     shardings: ShardingAgreement | None = None  # instruction shardings against this compiler's
     # Gradients this compiler leaves under-sharded that our plan for it finds: (found, of).
     gradients: tuple[int, int] | None = None
+    # For XLA:TPU, where it leaves a gradient under-sharded: its bytes with and without the plan's change set.
+    placement: PlacementCheck | None = None
 
     @property
     def error(self) -> float:
@@ -63,8 +69,11 @@ def compiler_bytes(record: dict[str, object], backend: str) -> int:
     return int(record["tpu"]["memory"]["total_bytes"])  # type: ignore[index]
 
 
-def predict(case: Case) -> list[Row]:
-    """Our bytes for each compiler that compiled the case, each from its own pipeline's propagation."""
+def predict(case: Case, check_placements: bool = False) -> list[Row]:
+    """Our bytes for each compiler that compiled the case, each from its own pipeline's propagation.
+
+    With `check_placements`, XLA:TPU compiles the TPU plan's change set wherever it leaves a gradient
+    under-sharded (two libtpu compiles a case, cached by content)."""
     from planner import parse_hlo_file
     from planner.memory import memory_report
     from planner.prepare import prepare
@@ -93,28 +102,35 @@ def predict(case: Case) -> list[Row]:
             xla = record.get("instruction_shardings") or record.get("xla_instruction_shardings")
             shardings = sharding_agreement(prepared, result, xla) if xla and names else None
         total = memory_report(prepared, result=result).total_bytes
-        gradients = _gradients_found(prepared, record, compiler) if case.front_end == "jax" else None
+        gradients, placement = None, None
+        if case.front_end == "jax":
+            gradients, plan = _gradients_found(prepared, record, compiler)
+            if check_placements and plan is not None and compiler == "tpu" and case.tpu_topology:
+                placement = check_on_tpu(module, plan[1], plan[0], case.mesh.num_devices, case.tpu_topology)
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
-                        propagation_agreement(prepared, result, whiles), shardings, gradients))  # fmt: skip
+                        propagation_agreement(prepared, result, whiles), shardings, gradients, placement))  # fmt: skip
     return rows
 
 
-def _gradients_found(prepared: PreparedModule, record: dict[str, Any], compiler: str) -> tuple[int, int]:
-    """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds."""
+def _gradients_found(
+    prepared: PreparedModule, record: dict[str, Any], compiler: str
+) -> tuple[tuple[int, int], tuple[Plan, HloModule] | None]:
+    """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds; the plan
+    (with its patched module) when there are any."""
     from planner.plan.planner import make_plan
     from planner.plan.scan_pairs import output_positions
 
     expected = under_sharded_gradients(record, compiler)
     if not expected:
-        return (0, 0)
-    plan, _ = make_plan(prepared)
+        return (0, 0), None
+    plan, patched = make_plan(prepared)
     covered: set[int] = set()
     for f in plan.findings:
         if f.kind == "gradient-output":
             covered.add(f.index)
         elif f.kind == "stacked-gradient":
             covered.update(output_positions(prepared.module, prepared.loop(f.loop), f.index))
-    return (len(expected & covered), len(expected))
+    return (len(expected & covered), len(expected)), (plan, patched)
 
 
 def propagation_agreement(
@@ -137,13 +153,24 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f}"
 
 
-def _cells(row: Row | None) -> str:
+def _placement(row: Row) -> str:
+    check = row.placement
+    if check is None:
+        return "n/a"
+    if check.predicted_saving == 0 and check.xla_saving == 0:
+        return "no change recommended"
+    verb = "saves" if check.confirmed else "does not save:"
+    return f"{verb} {_mib(check.xla_saving)} (predicted {_mib(check.predicted_saving)})"
+
+
+def _cells(row: Row | None, placement: bool = False) -> str:
     if row is None:
-        return "| | | | | | |"
+        return "| | | | | | |" + (" |" if placement else "")
     shardings = row.shardings.text() if row.shardings is not None else "n/a"
     gradients = f"{row.gradients[0]} of {row.gradients[1]}" if row.gradients is not None else "n/a"
-    return (f"| {_mib(row.compiler_bytes)} | {_mib(row.ours_bytes)} | {row.error:+.1%} | {row.propagation} "
-            f"| {shardings} | {gradients} |")  # fmt: skip
+    cells = (f"| {_mib(row.compiler_bytes)} | {_mib(row.ours_bytes)} | {row.error:+.1%} | {row.propagation} "
+             f"| {shardings} | {gradients} |")  # fmt: skip
+    return cells + f" {_placement(row)} |" if placement else cells
 
 
 def render(rows: list[Row]) -> str:
@@ -151,8 +178,8 @@ def render(rows: list[Row]) -> str:
         "| case | step | mesh | remat | dtype | partitioner "
         "| XLA:CPU MiB | ours | error | While shapes vs XLA:CPU | shardings = XLA:CPU | under-sharded gradients found "
         "| chip | XLA:TPU MiB | ours | error | While shapes vs XLA:TPU | shardings = XLA:TPU "
-        "| under-sharded gradients found |",
-        "|---|---|---|---|---|---|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---|---|",
+        "| under-sharded gradients found | plan's change set on XLA:TPU, MiB per chip |",
+        "|---|---|---|---|---|---|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---|---|---|",
     ]
     by_case: dict[str, dict[str, Row]] = {}
     for r in rows:
@@ -162,7 +189,7 @@ def render(rows: list[Row]) -> str:
         tpu = pair.get("tpu")
         lines.append(
             f"| {name} | {c.step} | {'x'.join(map(str, c.mesh.shape))} | {c.remat or 'none'} | {c.size.dtype} "
-            f"| {c.partitioner} {_cells(pair.get('cpu'))} {tpu.backend if tpu else ''} {_cells(tpu)}"
+            f"| {c.partitioner} {_cells(pair.get('cpu'))} {tpu.backend if tpu else ''} {_cells(tpu, placement=True)}"
         )
     lines += ["", *_goals(rows), "",
               "| group | cases | max abs error | p90 abs error | within 5% | within 10% |",
@@ -198,11 +225,14 @@ def _goals(rows: list[Row]) -> list[str]:
     worst = min((a.share for a in compared), default=0.0)
     with_gradients = [r for r in tpu if r.gradients is not None and r.gradients[1]]
     all_found = sum(r.gradients[0] == r.gradients[1] for r in with_gradients)  # type: ignore[index]
+    checked = [r.placement for r in with_gradients if r.placement is not None]
+    confirmed = sum(c.confirmed for c in checked)
     return [
         f"GSPMD JAX cases compiled for XLA:TPU: {len(tpu)}. While shapes equal XLA:TPU's on {exact}; "
         f"instruction shardings equal XLA:TPU's on {worst:.1%} of compared instructions in the worst case "
         f"({len(compared)} cases compared); every gradient XLA:TPU leaves under-sharded is a finding on "
-        f"{all_found} of the {len(with_gradients)} cases that have one; HBM per chip within 10% of XLA:TPU on "
+        f"{all_found} of the {len(with_gradients)} cases that have one, and XLA:TPU confirms the plan's change set "
+        f"saves memory on {confirmed} of the {len(checked)} compiled with it; HBM per chip within 10% of XLA:TPU on "
         f"{sum(e <= 0.10 for e in errors)} ({sum(e <= 0.10 for e in errors) / len(tpu):.0%}), p90 "
         f"{_percentile(errors, 0.9):.1%}."
     ]
@@ -237,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cached", action="store_true", help="only the cases whose references are already generated")
     ap.add_argument("--jobs", type=int, default=2, help="cases compiled side by side (default 2)")
     ap.add_argument("--write", type=Path, help="replace the sweep section of this markdown file")
+    ap.add_argument("--no-placements", action="store_true",
+                    help="skip compiling the TPU plans' change sets with libtpu")  # fmt: skip
     args = ap.parse_args(argv)
     names = args.only or (list(CI_CASES) if args.ci else None)
     cases = [case_named(n) for n in names] if names else list(CASES)
@@ -246,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"{len(failed)} references failed: {', '.join(failed)}", file=sys.stderr)
         return 1
-    rows = [row for case in cases for row in predict(case)]
+    check = not args.no_placements and libtpu_installed()
+    rows = [row for case in cases for row in predict(case, check_placements=check)]
     table = render(rows)
     print(table)
     if args.write:

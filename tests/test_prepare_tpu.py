@@ -15,6 +15,7 @@ import pytest
 
 from fidelity.agreement import sharding_agreement, under_sharded_gradients, while_shape_mismatches
 from fidelity.cases import CI_SUBSET, Case
+from fidelity.placement_check import check_on_tpu
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.hlo.loops import while_loops
@@ -91,6 +92,18 @@ def test_every_gradient_xla_tpu_leaves_under_sharded_is_a_finding_only_tpu_has()
     assert all("while-loop-constant-sinking" in (f.compiler_only or "") for f in stacked)
     cpu, _ = make_plan(prepare(module, "cpu", _mesh(record)), 32 << 30)
     assert [f for f in cpu.findings if f.kind == "stacked-gradient"] == []
+
+
+def test_the_plans_change_set_saves_memory_on_xla_tpu() -> None:
+    """The fix for those findings, compiled by libtpu for the step's v6e slice: fewer bytes per chip with it."""
+    hlo, record = _reference(LM_STEP)
+    module = parse_hlo_file(hlo)
+    plan, patched = make_plan(prepare(module, "v6e", _mesh(record)), 32 << 30)
+    assert plan.verdict is not None and plan.verdict.change_set
+    assert LM_STEP.tpu_topology is not None
+    check = check_on_tpu(module, patched, plan, LM_STEP.mesh.num_devices, LM_STEP.tpu_topology)
+    assert check.xla_before == record["tpu"]["memory"]["total_bytes"]
+    assert check.confirmed and check.predicted_saving > 0, check
 
 
 def test_placements_written_after_the_passes_are_placements_written_before() -> None:

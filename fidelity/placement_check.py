@@ -1,0 +1,76 @@
+"""Whether a TPU plan's change set saves memory on XLA:TPU: the original and the patched module compiled by libtpu.
+
+A finding is only as good as its fix. For a case XLA:TPU leaves a gradient under-sharded in, the
+plan for that chip recommends placements; libtpu compiles the module before and after them, ahead
+of time for the case's topology, and the saving it measures stands beside the one predicted. Each
+compile is cached by the module text it compiled, the topology and the compiler versions, so a
+sweep compiles only what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from fidelity.references import cache_dir
+from planner.hlo.ir import HloModule
+from planner.hlo.printer import print_module
+from planner.plan.model import Plan
+from planner.plan.verify import allows_output_propagation, compile_with_xla
+
+
+@dataclass(frozen=True)
+class PlacementCheck:
+    """Bytes per chip, XLA:TPU's and ours, before and after the plan's recommended change set."""
+
+    xla_before: int
+    xla_after: int
+    predicted_before: int
+    predicted_after: int
+
+    @property
+    def xla_saving(self) -> int:
+        return self.xla_before - self.xla_after
+
+    @property
+    def predicted_saving(self) -> int:
+        return self.predicted_before - self.predicted_after
+
+    @property
+    def confirmed(self) -> bool:
+        """XLA:TPU allocates less per chip with the change set than without it."""
+        return self.xla_saving > 0
+
+
+def _versions() -> str:
+    found = []
+    for package in ("jaxlib", "libtpu"):
+        try:
+            found.append(f"{package}=={version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package}==absent")
+    return " ".join(found)
+
+
+def tpu_bytes(text: str, num_devices: int, allow_output: bool, topology: str) -> int:
+    """libtpu's bytes per chip for one module (argument + output + temp - alias), cached by content."""
+    key = hashlib.sha256(f"{topology}\n{allow_output}\n{_versions()}\n{text}".encode()).hexdigest()[:20]
+    path = cache_dir() / "tpu_compiles" / f"{key}.json"
+    if path.exists():
+        return int(json.loads(path.read_text())["total_bytes"])
+    report = compile_with_xla(text, num_devices, allow_output, tpu_topology=topology)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"topology": topology, "total_bytes": report["total_bytes"]}))
+    return int(report["total_bytes"])
+
+
+def check_on_tpu(
+    original: HloModule, patched: HloModule, plan: Plan, num_devices: int, topology: str
+) -> PlacementCheck:
+    """The plan's change set compiled by XLA:TPU; `patched` is the module with the plan's recommended placements."""
+    allow_output = allows_output_propagation(original)
+    before = tpu_bytes(print_module(original), num_devices, allow_output, topology)
+    after = tpu_bytes(print_module(patched), num_devices, allow_output, topology)
+    return PlacementCheck(before, after, plan.hbm.total_before, plan.hbm.total_after)
