@@ -13,6 +13,7 @@ from typing import Any
 from fidelity.matching import pair_instructions
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import Shape, TupleShape, parse_shape
+from planner.plan.model import Plan
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult, propagate
 from planner.scanner import Cursor
@@ -103,6 +104,20 @@ def sharding_agreement(
         compared += 1
         equal += result.sharding(ours) == parse_sharding(text)
     return ShardingAgreement(equal, compared)
+
+
+def gradient_outputs_found(prepared: PreparedModule, plan: Plan) -> set[int]:
+    """Output positions of the gradients the plan's findings are about: a gradient output itself, or the
+    outputs a stacked gradient's loop element reaches."""
+    from planner.plan.scan_pairs import output_positions
+
+    covered: set[int] = set()
+    for f in plan.findings:
+        if f.kind == "gradient-output":
+            covered.add(f.index)
+        elif f.kind == "stacked-gradient":
+            covered.update(output_positions(prepared.module, prepared.loop(f.loop), f.index))
+    return covered
 
 
 def under_sharded_gradients(record: dict[str, Any], compiler: str, threshold: float = 1.5,

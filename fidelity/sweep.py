@@ -21,6 +21,7 @@ from typing import Any
 
 from fidelity.agreement import (
     ShardingAgreement,
+    gradient_outputs_found,
     sharding_agreement,
     under_sharded_gradients,
     while_shape_mismatches,
@@ -118,19 +119,12 @@ def _gradients_found(
     """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds; the plan
     (with its patched module) when there are any."""
     from planner.plan.planner import make_plan
-    from planner.plan.scan_pairs import output_positions
 
     expected = under_sharded_gradients(record, compiler)
     if not expected:
         return (0, 0), None
     plan, patched = make_plan(prepared)
-    covered: set[int] = set()
-    for f in plan.findings:
-        if f.kind == "gradient-output":
-            covered.add(f.index)
-        elif f.kind == "stacked-gradient":
-            covered.update(output_positions(prepared.module, prepared.loop(f.loop), f.index))
-    return (len(expected & covered), len(expected)), (plan, patched)
+    return (len(expected & gradient_outputs_found(prepared, plan)), len(expected)), (plan, patched)
 
 
 def propagation_agreement(

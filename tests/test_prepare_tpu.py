@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from fidelity.agreement import sharding_agreement, under_sharded_gradients, while_shape_mismatches
+from fidelity.agreement import (
+    gradient_outputs_found,
+    sharding_agreement,
+    under_sharded_gradients,
+    while_shape_mismatches,
+)
 from fidelity.cases import CI_SUBSET, Case
 from fidelity.placement_check import check_on_tpu
 from fidelity.references import ensure_references, reference_path
@@ -78,14 +83,7 @@ def test_every_gradient_xla_tpu_leaves_under_sharded_is_a_finding_only_tpu_has()
     plan, _ = make_plan(prepared, 32 << 30)
     expected = under_sharded_gradients(record, "tpu")
     assert len(expected) >= 8
-    from planner.plan.scan_pairs import output_positions
-
-    covered: set[int] = set()
-    for f in plan.findings:
-        if f.kind == "gradient-output":
-            covered.add(f.index)
-        elif f.kind == "stacked-gradient":
-            covered.update(output_positions(prepared.module, prepared.loop(f.loop), f.index))
+    covered = gradient_outputs_found(prepared, plan)
     assert expected <= covered, sorted(expected - covered)
     stacked = [f for f in plan.findings if f.kind == "stacked-gradient"]
     assert stacked and all(f.compiler_only and "XLA:CPU shards this gradient" in f.compiler_only for f in stacked)
