@@ -49,8 +49,14 @@ def test_jaxlib_xla_cpu_on_the_faithful_stablehlo_allocates_torch_xlas_bytes(tru
     [
         ("root_identity", None),  # the identity folds, a root too: the check expects it gone
         ("loop_pass_through", None),  # an element passed through an inlined call's tuple still passes through
+        ("buffer_donor", None),  # the header's donors come back as jax.buffer_donor arguments
+        ("one_operand_concatenate", None),  # ConcatenateOp::fold: an identity like the others
+        ("unit_dim_iota", None),  # IotaBroadcast: s64[1,16] iota -> s64[16] iota + reshape, expected as such
         ("unit_dim_inside", "the canonicalizer turns it into a reshape"),
         ("sharded_identity", "r is an identity reshape with sharding {replicated}"),
+        ("sharded_concatenate", "c is an identity concatenate with sharding {replicated}"),
+        ("sharded_unit_dim_iota", "i is an iota s64[1,16] with sharding {devices=[1,8]<=[8]}"),
+        ("broadcast_iota", "i = s64[4,16] iota in main.1"),  # a real broadcast after the 1-D iota: not split
         ("nested_loop_tuple", "does not come back from jaxlib's compile path as the same module"),
     ],
 )
@@ -80,6 +86,21 @@ def test_the_round_trip_check_refuses_what_the_plain_conversion_gives_back() -> 
 
 
 @pytest.mark.xla
+def test_the_round_trip_check_refuses_a_conversion_that_drops_buffer_donors() -> None:
+    """hlo_to_stablehlo alone drops `buffer_donor`; XLA could then not reuse a donated buffer for an output."""
+    from planner.plan.round_trip import buffer_donors, check_round_trip
+    from planner.plan.stablehlo import plain_stablehlo
+
+    text = (ROUND_TRIP / "buffer_donor.hlo").read_text()
+    module = parse_hlo(text)
+    assert buffer_donors(module) == {(1, ())}
+    with pytest.raises(
+        UnfaithfulConversion, match=re.escape("donating parameters [] where the module donates [(1, ())]")
+    ):
+        check_round_trip(module, plain_stablehlo(text))
+
+
+@pytest.mark.xla
 def test_verify_withholds_xla_tpu_for_a_module_the_conversion_refuses() -> None:
     pytest.importorskip("libtpu")
     text = (ROUND_TRIP / "unit_dim_inside.hlo").read_text()
@@ -87,6 +108,43 @@ def test_verify_withholds_xla_tpu_for_a_module_the_conversion_refuses() -> None:
     assert tpu is None and skipped is not None
     assert skipped.startswith("XLA:TPU is reached only through jaxlib's StableHLO, and the original module has none")
     assert "the canonicalizer turns it into a reshape" in skipped
+
+
+@pytest.mark.parametrize(
+    "iota,parts",
+    [
+        (
+            "s64[1,8192]{1,0} iota(), iota_dimension=1",
+            ("s64[8192]{0} iota(), iota_dimension=0", "s64[1,8192]{1,0} reshape"),
+        ),
+        (
+            "f32[2,1,1]{2,1,0} iota(), iota_dimension=0",
+            ("f32[2]{0} iota(), iota_dimension=0", "f32[2,1,1]{2,1,0} reshape"),
+        ),
+        ("s64[4,16]{1,0} iota(), iota_dimension=1", None),  # becomes a real broadcast: left to the check
+        ("s64[1,1]{1,0} iota(), iota_dimension=1", None),  # an iota dim of 1 folds to a zero constant instead
+        ("s64[16]{0} iota(), iota_dimension=0", None),  # rank 1: left alone
+    ],
+    ids=["row", "column", "broadcast", "zeros", "rank1"],
+)
+def test_an_iota_with_unit_dims_is_expected_as_the_1d_iota_and_reshape_mlir_makes(
+    iota: str, parts: tuple[str, str] | None
+) -> None:
+    from planner.hlo.printer import print_instruction
+    from planner.plan.round_trip import canonicalized_alone, split_iota_of
+
+    module = parse_hlo(f"HloModule m\n\nENTRY %e {{\n  ROOT %i = {iota}\n}}\n")
+    split = split_iota_of(module.entry, module.entry.root)
+    if parts is None:
+        assert split is None and canonicalized_alone(module).split_iotas == ()
+        return
+    assert split is not None
+    new_iota, reshape = split
+    assert print_instruction(new_iota).split(" = ", 1)[1] == parts[0]
+    assert reshape.name == "i" and reshape.operands == (new_iota.name,)
+    assert f"{reshape.shape.to_text()} {reshape.opcode}" == parts[1]
+    canonical = canonicalized_alone(module)
+    assert canonical.split_iotas == ("i",) and canonical.module.entry.root_name == "i"
 
 
 def test_sealing_gives_each_instruction_a_computation_and_leaves_annotated_ones() -> None:
