@@ -40,8 +40,8 @@ class TextComputation:
     is_entry: bool
 
 
-def _depths(text: str, start: int = 0) -> Iterator[tuple[int, int]]:
-    """(index, bracket depth after it) for each character from `start` outside quoted strings."""
+def _close(text: str, start: int) -> int:
+    """The index of the bracket closing the one at `start`, skipping quoted strings."""
     depth, i = 0, start
     while i < len(text):
         ch = text[i]
@@ -53,25 +53,29 @@ def _depths(text: str, start: int = 0) -> Iterator[tuple[int, int]]:
             depth += 1
         elif ch in _CLOSE:
             depth -= 1
-        yield i, depth
+            if depth == 0:
+                return i
         i += 1
-
-
-def _close(text: str, start: int) -> int:
-    """The index of the bracket closing the one at `start`, skipping quoted strings."""
-    for i, depth in _depths(text, start):
-        if depth == 0 and text[i] in _CLOSE:
-            return i
     raise ValueError(f"unbalanced {text[start]!r} at column {start}: {text[start : start + 80]}")
 
 
 def _split_top_level(text: str) -> Iterator[str]:
     """Comma-separated items outside brackets and quotes."""
-    start = 0
-    for i, depth in _depths(text):
-        if text[i] == "," and depth == 0:
+    depth, start, i = 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth -= 1
+        elif ch == "," and depth == 0:
             yield text[start:i].strip()
             start = i + 1
+        i += 1
     if text[start:].strip():
         yield text[start:].strip()
 
