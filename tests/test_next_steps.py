@@ -119,14 +119,17 @@ REMAT_S2048 = "jax_llama_full_bf16_gspmd_fsdp64_tp4_L126_D16384_pinned"
 # and the bounds are there to catch a regression. Remat is the per-buffer accounting (planner.plan.next_steps):
 # at sequence 1024 XLA:TPU's remat'ed step holds 2.3 GB more temporaries than the model gives even the
 # compiled remat module (-14.9% there), so the option predicted from the step without remat is low too.
+# The modules are prepared by XLA:TPU's pipeline, so the model sizes what XLA:TPU partitions: on the remat
+# step at sequence 2048 that has 0.73 GB fewer temporaries than the module as dumped (-9.5% against XLA:TPU's
+# 19.88 GB, -5.9% with the TPU passes disabled), which moved that option from +0.90% to -2.15%.
 TOLERANCE = {
-    "before": 0.01,  # +0.61%
+    "before": 0.01,  # +0.29%
     "after": 0.01,  # +0.62%
     "remat": 0.125,  # -11.83%
-    "remat_s2048": 0.015,  # +0.90%
+    "remat_s2048": 0.025,  # -2.15%
     "fsdp128": 0.005,  # -0.35%
     "fsdp128_from_b128": 0.005,  # -0.34%
-    "half_batch": 0.002,  # +0.03%
+    "half_batch": 0.003,  # -0.21%
 }
 
 
