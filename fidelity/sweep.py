@@ -107,7 +107,8 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
         if case.front_end == "jax":
             gradients, plan = _gradients_found(prepared, record, compiler)
             if check_placements and plan is not None and compiler == "tpu" and case.tpu_topology:
-                placement = check_on_tpu(module, plan[1], plan[0], case.mesh.num_devices, case.tpu_topology)
+                placement = check_on_tpu(module, prepared.front, plan[1], plan[0], case.mesh.num_devices,
+                                         case.tpu_topology)  # fmt: skip
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
                         propagation_agreement(prepared, result, whiles), shardings, gradients, placement))  # fmt: skip
     return rows
@@ -154,7 +155,10 @@ def _placement(row: Row) -> str:
     if check.predicted_saving == 0 and check.xla_saving == 0:
         return "no change recommended"
     verb = "saves" if check.confirmed else "does not save:"
-    return f"{verb} {_mib(check.xla_saving)} (predicted {_mib(check.predicted_saving)})"
+    text = f"{verb} {_mib(check.xla_saving)} (predicted {_mib(check.predicted_saving)})"
+    if abs(check.xla_before - check.xla_as_given) > 0.01 * check.xla_as_given:
+        text += f"; inlined {_mib(check.xla_before)}, as given {_mib(check.xla_as_given)}"
+    return text
 
 
 def _cells(row: Row | None, placement: bool = False) -> str:

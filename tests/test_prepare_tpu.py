@@ -96,11 +96,12 @@ def test_the_plans_change_set_saves_memory_on_xla_tpu() -> None:
     """The fix for those findings, compiled by libtpu for the step's v6e slice: fewer bytes per chip with it."""
     hlo, record = _reference(LM_STEP)
     module = parse_hlo_file(hlo)
-    plan, patched = make_plan(prepare(module, "v6e", _mesh(record)), 32 << 30)
+    prepared = prepare(module, "v6e", _mesh(record))
+    plan, patched = make_plan(prepared, 32 << 30)
     assert plan.verdict is not None and plan.verdict.change_set
     assert LM_STEP.tpu_topology is not None
-    check = check_on_tpu(module, patched, plan, LM_STEP.mesh.num_devices, LM_STEP.tpu_topology)
-    assert check.xla_before == record["tpu"]["memory"]["total_bytes"]
+    check = check_on_tpu(module, prepared.front, patched, plan, LM_STEP.mesh.num_devices, LM_STEP.tpu_topology)
+    assert check.xla_as_given == record["tpu"]["memory"]["total_bytes"]
     assert check.confirmed and check.predicted_saving > 0, check
 
 
