@@ -28,7 +28,7 @@ class PlacementCheck:
     `xla_before` and `xla_after` compile the same representation, the module with its calls inlined
     (the one placements are written into), without and with the change set, so their difference is
     the change set's alone. `xla_as_given` compiles the module as the front end produced it: XLA:TPU
-    can allocate it differently from its inlined form (a GPT-2 LM step with tied embeddings: 1,007.0
+    can allocate it differently from its inlined form (a GPT-2 LM step with tied embeddings on v6e:2x4: 1,007.0
     MiB as given, 1,396.1 MiB inlined, with or without any placement).
     """
 
