@@ -118,13 +118,13 @@ def remove_elements(loop: LoopView, keep: list[int], final_as: int | None = None
 
     parent, init, name = loop.parent, loop.init, loop.name
     # The value each removed element starts with, for what reads it after the loop.
-    initial = {i: _element_of(loop.edit, parent, init, old, i, before=name) for i in range(len(old.elements))
+    initial = {i: element_of(loop.edit, parent, init, old, i, before=name) for i in range(len(old.elements))
                if i not in new_index}  # fmt: skip
     if init.opcode == "tuple":
         new_init = tuple(init.operands[i] for i in keep)
         operands = new_init
     else:
-        operands = tuple(_element_of(loop.edit, parent, init, old, i, before=name) for i in keep)
+        operands = tuple(element_of(loop.edit, parent, init, old, i, before=name) for i in keep)
     init_name = loop.edit.fresh_name("tuple")
     parent.add(tuple_of(init_name, operands, shape.elements), before=name)
     parent.replace(dataclasses.replace(loop.instruction, operands=(init_name,), shape=shape))
@@ -154,7 +154,7 @@ def append_elements(loop: LoopView, values: list[str]) -> list[str]:
     if init.opcode == "tuple":
         operands = (*init.operands, *values)
     else:
-        operands = (*(_element_of(loop.edit, parent, init, old, i, before=loop.name) for i in range(len(old.elements))),
+        operands = (*(element_of(loop.edit, parent, init, old, i, before=loop.name) for i in range(len(old.elements))),
                     *values)  # fmt: skip
     init_name = loop.edit.fresh_name("tuple")
     parent.add(tuple_of(init_name, operands, shape.elements), before=loop.name)
@@ -220,7 +220,7 @@ def _with_index(gte: Instruction, index: int) -> Instruction:
     return with_attribute(gte, "index", index, str(index))
 
 
-def _element_of(edit: ModuleEdit, comp: ComputationEdit, tuple_inst: Instruction, shape: TupleShape, index: int,
+def element_of(edit: ModuleEdit, comp: ComputationEdit, tuple_inst: Instruction, shape: TupleShape, index: int,
                 before: str) -> str:  # fmt: skip
     """A name holding element `index` of `tuple_inst`: its operand for a tuple op, else a new get-tuple-element."""
     if tuple_inst.opcode == "tuple":

@@ -35,7 +35,7 @@ from planner.hlo.ir import Attribute, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, tuple_of, with_attribute
 from planner.prepare.rewrite import Rewrite
-from planner.prepare.while_state import LoopView, parameter, whiles
+from planner.prepare.while_state import LoopView, element_of, parameter, whiles
 
 WIDE = frozenset({"s64", "u64"})
 
@@ -124,7 +124,7 @@ def _split(loop: LoopView) -> int:
     init = loop.init
     values = []
     for i in range(len(old.elements)):
-        value = _element(edit, parent, init, old, i, before=name)
+        value = element_of(edit, parent, init, old, i, before=name)
         if i not in wide:
             values.append(value)
         else:
@@ -156,15 +156,6 @@ def _read_halves(edit: ModuleEdit, comp: ComputationEdit, tuple_name: str, shape
             comp.add(half, before=gte.name)
             halves.append(half.name)
         comp.replace(_custom_call(gte.name, "X64Combine", gte.array_shape, tuple(halves)))
-
-
-def _element(edit: ModuleEdit, comp: ComputationEdit, init: Instruction, shape: TupleShape, index: int,
-             before: str) -> str:  # fmt: skip
-    if init.opcode == "tuple":
-        return init.operands[index]
-    gte = get_tuple_element(edit.fresh_name("get-tuple-element"), init.name, shape, index)
-    comp.add(gte, before=before)
-    return gte.name
 
 
 def _halves_of(edit: ModuleEdit, comp: ComputationEdit, value: str, shape: ArrayShape, before: str) -> list[str]:
