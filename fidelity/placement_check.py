@@ -1,9 +1,10 @@
-"""Whether a TPU plan's change set saves memory on XLA:TPU: the original and the patched module compiled by libtpu.
+"""Whether a plan's change set saves what it claims: the module without and with it, compiled by the compiler
+the plan is for.
 
-A finding is only as good as its fix. For a case XLA:TPU leaves a gradient under-sharded in, the
-plan for that chip recommends placements; libtpu compiles the module before and after them, ahead
-of time for the case's topology, and the saving it measures stands beside the one predicted. Each
-compile is cached by the module text it compiled, the topology and the compiler versions, so a
+A finding is only as good as its fix. Wherever the plan for a compiler recommends placements, that
+compiler compiles the module before and after them (XLA:CPU on virtual devices, XLA:TPU ahead of time
+for the case's topology through libtpu), and the saving it measures stands beside the one predicted.
+Each compile is cached by the module text it compiled, the compiler and the compiler versions, so a
 sweep compiles only what changed.
 """
 
@@ -17,13 +18,14 @@ from importlib.metadata import PackageNotFoundError, version
 from fidelity.references import cache_dir
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
+from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
 from planner.plan.verify import allows_output_propagation, compile_with_xla
 
 
 @dataclass(frozen=True)
 class PlacementCheck:
-    """Bytes per chip, XLA:TPU's and ours, before and after the plan's recommended change set.
+    """Bytes per chip, the compiler's and ours, before and after the plan's recommended change set.
 
     `xla_before` and `xla_after` compile the same representation, the module with its calls inlined
     (the one placements are written into), without and with the change set, so their difference is
@@ -47,9 +49,14 @@ class PlacementCheck:
         return self.predicted_before - self.predicted_after
 
     @property
-    def confirmed(self) -> bool:
-        """XLA:TPU allocates less per chip with the change set than without it."""
+    def saves(self) -> bool:
+        """The compiler allocates less per chip with the change set than without it."""
         return self.xla_saving > 0
+
+    @property
+    def confirmed(self) -> bool:
+        """The compiler measures the saving the plan claims (see `planner.plan.confirmation`)."""
+        return confirms(self.predicted_saving, self.xla_saving)
 
 
 def _versions() -> str:
@@ -62,25 +69,28 @@ def _versions() -> str:
     return " ".join(found)
 
 
-def tpu_bytes(text: str, num_devices: int, allow_output: bool, topology: str) -> int:
-    """libtpu's bytes per chip for one module (argument + output + temp - alias), cached by content."""
-    key = hashlib.sha256(f"{topology}\n{allow_output}\n{_versions()}\n{text}".encode()).hexdigest()[:20]
-    path = cache_dir() / "tpu_compiles" / f"{key}.json"
+def compiled_bytes(text: str, num_devices: int, allow_output: bool, topology: str | None) -> int:
+    """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
+    ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one."""
+    compiler = topology or f"cpu:{num_devices}"
+    key = hashlib.sha256(f"{compiler}\n{allow_output}\n{_versions()}\n{text}".encode()).hexdigest()[:20]
+    path = cache_dir() / ("tpu_compiles" if topology else "cpu_compiles") / f"{key}.json"
     if path.exists():
         return int(json.loads(path.read_text())["total_bytes"])
     report = compile_with_xla(text, num_devices, allow_output, tpu_topology=topology)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"topology": topology, "total_bytes": report["total_bytes"]}))
+    path.write_text(json.dumps({"compiler": compiler, "total_bytes": report["total_bytes"]}))
     return int(report["total_bytes"])
 
 
-def check_on_tpu(
-    original: HloModule, front: HloModule, patched: HloModule, plan: Plan, num_devices: int, topology: str
+def check_change_set(
+    original: HloModule, front: HloModule, patched: HloModule, plan: Plan, num_devices: int, topology: str | None
 ) -> PlacementCheck:
-    """The plan's change set compiled by XLA:TPU: `original` as given, `front` its inlined form the placements
-    are written into, `patched` that form with the plan's recommended placements."""
+    """The plan's change set compiled by the compiler the plan is for (XLA:TPU for `topology`, else XLA:CPU):
+    `original` as given, `front` its inlined form the placements are written into, `patched` that form with the
+    plan's recommended placements."""
     allow_output = allows_output_propagation(original)
     as_given, before, after = (
-        tpu_bytes(print_module(m), num_devices, allow_output, topology) for m in (original, front, patched)
+        compiled_bytes(print_module(m), num_devices, allow_output, topology) for m in (original, front, patched)
     )
     return PlacementCheck(as_given, before, after, plan.hbm.total_before, plan.hbm.total_after)

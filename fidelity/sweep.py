@@ -27,9 +27,10 @@ from fidelity.agreement import (
     while_shape_mismatches,
 )
 from fidelity.cases import CASES, CI_CASES, Case, case_named
-from fidelity.placement_check import PlacementCheck, check_on_tpu
+from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path
 from planner.hlo.ir import HloModule
+from planner.plan.confirmation import CONFIRMED_SHARE
 from planner.plan.model import Plan
 from planner.plan.verify import libtpu_installed
 from planner.prepare import PreparedModule
@@ -50,8 +51,10 @@ class Row:
     shardings: ShardingAgreement | None = None  # instruction shardings against this compiler's
     # Gradients this compiler leaves under-sharded that our plan for it finds: (found, of).
     gradients: tuple[int, int] | None = None
-    # For XLA:TPU, where it leaves a gradient under-sharded: its bytes with and without the plan's change set.
+    # Where the plan for this compiler recommends a change set: the compiler's bytes without and with it.
     placement: PlacementCheck | None = None
+    # The plan for this compiler recommends a change set (None: no plan was made, as for torch_xla steps).
+    recommends: bool | None = None
 
     @property
     def error(self) -> float:
@@ -73,8 +76,8 @@ def compiler_bytes(record: dict[str, object], backend: str) -> int:
 def predict(case: Case, check_placements: bool = False) -> list[Row]:
     """Our bytes for each compiler that compiled the case, each from its own pipeline's propagation.
 
-    With `check_placements`, XLA:TPU compiles the TPU plan's change set wherever it leaves a gradient
-    under-sharded (two libtpu compiles a case, cached by content)."""
+    With `check_placements`, each compiler compiles the change set its plan recommends, wherever one is
+    recommended (up to three compiles a case and compiler, cached by content)."""
     from planner import parse_hlo_file
     from planner.memory import memory_report
     from planner.prepare import prepare
@@ -103,27 +106,27 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
             xla = record.get("instruction_shardings") or record.get("xla_instruction_shardings")
             shardings = sharding_agreement(prepared, result, xla) if xla and names else None
         total = memory_report(prepared, result=result).total_bytes
-        gradients, placement = None, None
+        gradients, placement, recommends = None, None, None
         if case.front_end == "jax":
-            gradients, plan = _gradients_found(prepared, record, compiler)
-            if check_placements and plan is not None and compiler == "tpu" and case.tpu_topology:
-                placement = check_on_tpu(module, prepared.front, plan[1], plan[0], case.mesh.num_devices,
-                                         case.tpu_topology)  # fmt: skip
+            gradients, (plan, patched) = _gradients_found(prepared, record, compiler)
+            recommends = any(p.recommended for p in plan.placements)
+            topology = case.tpu_topology if compiler == "tpu" else None
+            if check_placements and recommends and (compiler == "cpu" or topology):
+                placement = check_change_set(module, prepared.front, patched, plan, case.mesh.num_devices, topology)
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
-                        propagation_agreement(prepared, result, whiles), shardings, gradients, placement))  # fmt: skip
+                        propagation_agreement(prepared, result, whiles), shardings, gradients, placement,
+                        recommends))  # fmt: skip
     return rows
 
 
 def _gradients_found(
     prepared: PreparedModule, record: dict[str, Any], compiler: str
-) -> tuple[tuple[int, int], tuple[Plan, HloModule] | None]:
-    """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds; the plan
-    (with its patched module) when there are any."""
+) -> tuple[tuple[int, int], tuple[Plan, HloModule]]:
+    """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds; and the plan
+    with its patched module."""
     from planner.plan.planner import make_plan
 
     expected = under_sharded_gradients(record, compiler)
-    if not expected:
-        return (0, 0), None
     plan, patched = make_plan(prepared)
     return (len(expected & gradient_outputs_found(prepared, plan)), len(expected)), (plan, patched)
 
@@ -151,33 +154,31 @@ def _mib(n: int) -> str:
 def _placement(row: Row) -> str:
     check = row.placement
     if check is None:
-        return "n/a"
-    if check.predicted_saving == 0 and check.xla_saving == 0:
-        return "no change recommended"
-    verb = "saves" if check.confirmed else "does not save:"
+        return "no change recommended" if row.recommends is False else "n/a"
+    verb = "saves" if check.confirmed else "does not save:" if not check.saves else "over-claimed: saves"
     text = f"{verb} {_mib(check.xla_saving)} (predicted {_mib(check.predicted_saving)})"
     if abs(check.xla_before - check.xla_as_given) > 0.01 * check.xla_as_given:
         text += f"; inlined {_mib(check.xla_before)}, as given {_mib(check.xla_as_given)}"
     return text
 
 
-def _cells(row: Row | None, placement: bool = False) -> str:
+def _cells(row: Row | None) -> str:
     if row is None:
-        return "| | | | | | |" + (" |" if placement else "")
+        return "| | | | | | | |"
     shardings = row.shardings.text() if row.shardings is not None else "n/a"
     gradients = f"{row.gradients[0]} of {row.gradients[1]}" if row.gradients is not None else "n/a"
-    cells = (f"| {_mib(row.compiler_bytes)} | {_mib(row.ours_bytes)} | {row.error:+.1%} | {row.propagation} "
-             f"| {shardings} | {gradients} |")  # fmt: skip
-    return cells + f" {_placement(row)} |" if placement else cells
+    return (f"| {_mib(row.compiler_bytes)} | {_mib(row.ours_bytes)} | {row.error:+.1%} | {row.propagation} "
+            f"| {shardings} | {gradients} | {_placement(row)} |")  # fmt: skip
 
 
 def render(rows: list[Row]) -> str:
     lines = [
         "| case | step | mesh | remat | dtype | partitioner "
         "| XLA:CPU MiB | ours | error | While shapes vs XLA:CPU | shardings = XLA:CPU | under-sharded gradients found "
+        "| plan's change set on XLA:CPU, MiB per chip "
         "| chip | XLA:TPU MiB | ours | error | While shapes vs XLA:TPU | shardings = XLA:TPU "
         "| under-sharded gradients found | plan's change set on XLA:TPU, MiB per chip |",
-        "|---|---|---|---|---|---|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---|---|---|",
+        "|---|---|---|---|---|---|---:|---:|---:|---|---|---|---|---|---:|---:|---:|---|---|---|---|",
     ]
     by_case: dict[str, dict[str, Row]] = {}
     for r in rows:
@@ -187,7 +188,7 @@ def render(rows: list[Row]) -> str:
         tpu = pair.get("tpu")
         lines.append(
             f"| {name} | {c.step} | {'x'.join(map(str, c.mesh.shape))} | {c.remat or 'none'} | {c.size.dtype} "
-            f"| {c.partitioner} {_cells(pair.get('cpu'))} {tpu.backend if tpu else ''} {_cells(tpu, placement=True)}"
+            f"| {c.partitioner} {_cells(pair.get('cpu'))} {tpu.backend if tpu else ''} {_cells(tpu)}"
         )
     lines += ["", *_goals(rows), "",
               "| group | cases | max abs error | p90 abs error | within 5% | within 10% |",
@@ -223,17 +224,32 @@ def _goals(rows: list[Row]) -> list[str]:
     worst = min((a.share for a in compared), default=0.0)
     with_gradients = [r for r in tpu if r.gradients is not None and r.gradients[1]]
     all_found = sum(r.gradients[0] == r.gradients[1] for r in with_gradients)  # type: ignore[index]
-    checked = [r.placement for r in with_gradients if r.placement is not None]
-    confirmed = sum(c.confirmed for c in checked)
     return [
         f"GSPMD JAX cases compiled for XLA:TPU: {len(tpu)}. While shapes equal XLA:TPU's on {exact}; "
         f"instruction shardings equal XLA:TPU's on {worst:.1%} of compared instructions in the worst case "
         f"({len(compared)} cases compared); every gradient XLA:TPU leaves under-sharded is a finding on "
-        f"{all_found} of the {len(with_gradients)} cases that have one, and XLA:TPU confirms the plan's change set "
-        f"saves memory on {confirmed} of the {len(checked)} compiled with it; HBM per chip within 10% of XLA:TPU on "
+        f"{all_found} of the {len(with_gradients)} cases that have one; HBM per chip within 10% of XLA:TPU on "
         f"{sum(e <= 0.10 for e in errors)} ({sum(e <= 0.10 for e in errors) / len(tpu):.0%}), p90 "
-        f"{_percentile(errors, 0.9):.1%}."
+        f"{_percentile(errors, 0.9):.1%}.",
+        "",
+        *(_recommendations(rows, compiler) for compiler in ("cpu", "tpu")),
     ]
+
+
+def _recommendations(rows: list[Row], compiler: str) -> str:
+    """What the plans for one compiler recommend, and what that compiler measures of it."""
+    planned = [r for r in rows if r.compiler == compiler and r.recommends is not None]
+    recommending = [r for r in planned if r.recommends]
+    pinned = [r for r in recommending if r.case.pinned]
+    checked = [r.placement for r in recommending if r.placement is not None]
+    name = "XLA:CPU" if compiler == "cpu" else "XLA:TPU"
+    return (
+        f"- Plans for {name} ({len(planned)} JAX cases): a change set is recommended on {len(recommending)} "
+        f"({len(pinned)} of them with gradients already pinned); {name} compiled {len(checked)}: "
+        f"{sum(c.confirmed for c in checked)} confirmed (at least {CONFIRMED_SHARE:.0%} of the predicted saving), "
+        f"{sum(c.saves and not c.confirmed for c in checked)} save less than that, "
+        f"{sum(not c.saves for c in checked)} save nothing."
+    )
 
 
 def write_accuracy(rows: list[Row]) -> None:

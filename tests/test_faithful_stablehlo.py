@@ -21,7 +21,7 @@ from planner.errors import UnfaithfulConversion
 from planner.hlo.compat import for_jaxlib_0_7
 from planner.hlo.parser import parse_hlo, parse_hlo_file
 from planner.hlo.seal import SealInstructions, SealLoopPassThrough
-from planner.plan.verify import Predicted, allows_output_propagation, compile_with_xla, verify_on_tpu
+from planner.plan.verify import Predicted, Texts, allows_output_propagation, compile_with_xla, verify_on_tpu
 
 TRUTHS = sorted((CORPUS / "torch_xla").glob("*.truth.json"))
 ROUND_TRIP = Path(__file__).parent / "fixtures" / "round_trip"
@@ -104,9 +104,9 @@ def test_the_round_trip_check_refuses_a_conversion_that_drops_buffer_donors() ->
 def test_verify_withholds_xla_tpu_for_a_module_the_conversion_refuses() -> None:
     pytest.importorskip("libtpu")
     text = (ROUND_TRIP / "unit_dim_inside.hlo").read_text()
-    tpu, skipped = verify_on_tpu((text, text), 8, False, "v6e:2x4", Predicted(0, 0))
+    tpu, skipped = verify_on_tpu(Texts(text, text, text), 8, False, "v6e:2x4", Predicted(0, 0))
     assert tpu is None and skipped is not None
-    assert skipped.startswith("XLA:TPU is reached only through jaxlib's StableHLO, and the original module has none")
+    assert skipped.startswith("XLA:TPU is reached only through jaxlib's StableHLO, and the module has none")
     assert "the canonicalizer turns it into a reshape" in skipped
 
 

@@ -65,8 +65,9 @@ def test_plan_carries_timelines_before_and_after() -> None:
         assert [s.label for s in series] == ["entry", "body of while.953 (8 trips)", "body of while.2384 (8 trips)"]
         assert max(series[0].live_bytes) == total
         assert all(len(s.positions) == len(s.live_bytes) <= MAX_POINTS for s in series)
-    # The placements add pinning custom-calls to the bodies: the after series has them.
-    assert len(plan.timeline_after[1].positions) > len(plan.timeline_before[1].positions)
+    # The after series is the patched module's: with the gradients pinned to their weights' shards the
+    # forward body holds less at its peak (measured: 684.9 -> 539.2 MB).
+    assert max(plan.timeline_after[1].live_bytes) < 0.9 * max(plan.timeline_before[1].live_bytes)
 
 
 def test_timelines_read_the_estimate_they_are_given() -> None:

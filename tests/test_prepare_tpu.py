@@ -20,7 +20,7 @@ from fidelity.agreement import (
     while_shape_mismatches,
 )
 from fidelity.cases import CI_SUBSET, Case
-from fidelity.placement_check import check_on_tpu
+from fidelity.placement_check import check_change_set
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.hlo.loops import while_loops
@@ -100,7 +100,7 @@ def test_the_plans_change_set_saves_memory_on_xla_tpu() -> None:
     plan, patched = make_plan(prepared, 32 << 30)
     assert plan.verdict is not None and plan.verdict.change_set
     assert LM_STEP.tpu_topology is not None
-    check = check_on_tpu(module, prepared.front, patched, plan, LM_STEP.mesh.num_devices, LM_STEP.tpu_topology)
+    check = check_change_set(module, prepared.front, patched, plan, LM_STEP.mesh.num_devices, LM_STEP.tpu_topology)
     assert check.xla_as_given == record["tpu"]["memory"]["total_bytes"]
     assert check.confirmed and check.predicted_saving > 0, check
 

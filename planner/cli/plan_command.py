@@ -188,7 +188,7 @@ def _render_verification(plan: Plan) -> list[str]:
         )
     lines.append(
         f"    XLA:CPU bytes per device {format_bytes(v.before_total_bytes)} -> {format_bytes(v.after_total_bytes)} "
-        f"(saves {format_bytes(v.xla_saving_bytes)}){predicted}"
+        f"(saves {format_bytes(v.xla_saving_bytes)}){predicted}{_as_given(v.given_total_bytes, v.before_total_bytes)}"
     )
     if v.gradient_check is not None:
         lines.append(f"    stacked gradients not checked: {v.gradient_check}")
@@ -207,7 +207,17 @@ def _render_verification(plan: Plan) -> list[str]:
         lines.append(
             f"    {v.tpu.xla}: bytes per chip {format_bytes(v.tpu.before_total_bytes)} -> "
             f"{format_bytes(v.tpu.after_total_bytes)} (saves {format_bytes(v.tpu.xla_saving_bytes)}){tpu_predicted}"
+            f"{_as_given(v.tpu.given_total_bytes, v.tpu.before_total_bytes)}"
         )
     if v.tpu_skipped is not None:
         lines.append(f"    XLA:TPU not verified: {v.tpu_skipped}")
+    if plan.withdrawn is not None:
+        lines.append(f"    recommendation withdrawn: {plan.withdrawn}")
+    elif v.confirmed:
+        lines.append("    the compiler the plan is for confirms the saving")
     return lines
+
+
+def _as_given(given: int | None, inlined: int) -> str:
+    """The module as given, where the compiler allocates it differently from its inlined form."""
+    return "" if given is None or given == inlined else f"; as given (calls not inlined) {format_bytes(given)}"

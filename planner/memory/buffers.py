@@ -3,7 +3,9 @@
 A value is one array leaf produced by one instruction. Values that XLA keeps
 in one allocation form a buffer:
 - views do not allocate: get-tuple-element, tuple, opt-barrier, bitcast, and reshapes
-  (with the default layouts XLA's layout assignment gives, they are bitcasts);
+  (with the default layouts XLA's layout assignment gives, they are bitcasts), and
+  Sharding custom-calls that keep their operand's sharding (XLA's sharding remover
+  points their users at the operand; the copy it leaves behind is dead code);
 - a While's carried element lives in one buffer with its init element, the
   body's parameter and root elements (XLA copies the init only if it is an
   entry parameter or is still read after the loop);
@@ -86,13 +88,29 @@ def per_device_bytes(shape: ArrayShape, sharding: HloSharding | None) -> int:
     return shape.bytes_for_dims(sharding.shard_shape(shape.dims))
 
 
+def is_sharding_annotation(inst: Instruction) -> bool:
+    """A Sharding custom-call: an annotation for propagation, not a computation."""
+    return inst.opcode == "custom-call" and inst.attr("custom_call_target") == "Sharding"
+
+
+def readers(comp: Computation, name: str) -> list[str]:
+    """The instructions that read a value once its Sharding annotations are gone: their readers stand in for them."""
+    found: list[str] = []
+    for user in comp.users(name):
+        if is_sharding_annotation(comp[user]) and user != comp.root_name:
+            found += readers(comp, user)
+        else:
+            found.append(user)
+    return found
+
+
 def materialises(comp: Computation, inst: Instruction) -> bool:
     """Whether XLA gives this instruction's value a buffer of its own after fusion."""
-    if inst.opcode in _VIEWS:
+    if inst.opcode in _VIEWS or is_sharding_annotation(inst):
         return False
     if inst.opcode not in FUSIBLE or inst.opcode == "reduce":
         return True
-    users = comp.users(inst.name)
+    users = readers(comp, inst.name)
     if not users or inst.name == comp.root_name:
         return True
     # Read by several fusions, only cheap ops are recomputed in each; others get a buffer.
@@ -115,8 +133,10 @@ __all__ = [
     "HloModule",
     "Value",
     "array_leaves",
+    "is_sharding_annotation",
     "leaf_shardings",
     "materialises",
     "per_device_bytes",
+    "readers",
     "sharding_of",
 ]

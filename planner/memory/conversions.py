@@ -10,11 +10,19 @@ from __future__ import annotations
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
 from planner.hlo.shapes import ArrayShape
-from planner.memory.buffers import Value, array_leaves, leaf_shardings, per_device_bytes, sharding_of
+from planner.memory.buffers import (
+    Value,
+    array_leaves,
+    is_sharding_annotation,
+    leaf_shardings,
+    per_device_bytes,
+    sharding_of,
+)
 from planner.propagation import PropagationResult
 from planner.targets import Backend
 
-# Ops that move or relabel a value's elements without computing on them.
+# Ops that move or relabel a value's elements without computing on them (and Sharding annotations,
+# which XLA's sharding remover takes out of every chain below).
 _LAYOUT_OPS = frozenset({"reshape", "bitcast", "transpose", "copy"})
 # Reading a stacked buffer on its way to a dot: the dot reads the same elements.
 _DOT_VIEWS = _LAYOUT_OPS | {"dynamic-slice", "get-tuple-element"}
@@ -43,7 +51,7 @@ def read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
                     continue
                 if user.opcode == "dynamic-update-slice" and user.operands[0] == current:
                     continue
-                if user.opcode in _DOT_VIEWS:
+                if user.opcode in _DOT_VIEWS or is_sharding_annotation(user):
                     stack.append(user_name)
                 elif user.opcode == "dot" and not _explicit_precision(user):
                     reads += 1
@@ -61,7 +69,7 @@ def updating_dot(module: HloModule, members: list[Value]) -> tuple[str, str] | N
             continue
         update = comp[inst.operands[1]]
         while True:
-            if update.opcode in _UPDATE_VIEWS:
+            if update.opcode in _UPDATE_VIEWS or is_sharding_annotation(update):
                 update = comp[update.operands[0]]
             elif update.opcode == "get-tuple-element" and comp[update.operands[0]].opcode == "tuple":
                 update = comp[comp[update.operands[0]].operands[update.attr("index")]]  # an inlined call's result
@@ -129,6 +137,6 @@ def _sliced_into_dot(body: Computation, index: int) -> bool:
             op = body[user].opcode
             if op == "dot":
                 return True
-            if op in _LAYOUT_OPS:
+            if op in _LAYOUT_OPS or is_sharding_annotation(body[user]):
                 stack.append(user)
     return False

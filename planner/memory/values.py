@@ -1,7 +1,7 @@
 """Values and the buffers they share: XLA's dataflow aliasing, per device.
 
 Every array leaf an instruction defines is a value `(computation, instruction, leaf)`. Views share
-their source's buffer (get-tuple-element, tuple, opt-barrier, bitcasts and same-size reshapes, an
+their source's buffer (get-tuple-element, tuple, opt-barrier, Sharding annotations, bitcasts and same-size reshapes, an
 in-place dynamic-update-slice); a While ties its carried elements to its body's parameter and root
 and, where XLA's copy insertion does not copy, to its init. A union-find holds who shares with whom;
 `ValueModel` also records which values need memory of their own and their per-device sizes.
@@ -16,6 +16,7 @@ from planner.hlo.tuple_leaves import leaf_offsets
 from planner.memory.buffers import (
     Value,
     array_leaves,
+    is_sharding_annotation,
     leaf_shardings,
     materialises,
     per_device_bytes,
@@ -98,6 +99,10 @@ class ValueModel:
             base = leaf_offsets(source)[inst.attr("index")]
             for i in range(len(leaves)):
                 self._view(self.value(comp.name, operands[0].name, base + i), self.value(comp.name, inst.name, i))
+        elif is_sharding_annotation(inst):
+            # XLA's sharding remover points the annotation's users at its operand.
+            for i in range(len(leaves)):
+                self._view(self.value(comp.name, operands[0].name, i), self.value(comp.name, inst.name, i))
         elif op == "opt-barrier":
             # XLA's dataflow forwards the operand's buffers through the barrier, leaf by leaf.
             for i in range(len(leaves)):

@@ -149,6 +149,9 @@ class HbmInfo(BaseModel):
 class TpuVerification(BaseModel):
     xla: str = Field(description="libtpu's XLA:TPU, compiling ahead of time with no TPU attached")
     topology: str = Field(description="the slice compiled for, e.g. v6e:2x4")
+    given_total_bytes: int | None = Field(
+        default=None, description="the module as given (before_total_bytes is its inlined form)"
+    )
     before_total_bytes: int
     after_total_bytes: int
     xla_saving_bytes: int
@@ -160,7 +163,11 @@ class Verification(BaseModel):
     xla: str = Field(description="the XLA that compiled both modules")
     frontend: str = Field(default="jax", description="torch_xla (compiled by torch_xla's own XLA) or jax (by jaxlib)")
     num_devices: int
-    before_total_bytes: int
+    given_total_bytes: int | None = Field(default=None, description="the module as given, calls and all")
+    before_total_bytes: int = Field(
+        description="the module with its calls inlined, the form the placements are "
+        "written into; the saving is this minus after_total_bytes"
+    )
     after_total_bytes: int
     predicted_saving_bytes: int = Field(description="our predicted saving for the compiler verified (XLA:CPU)")
     xla_saving_bytes: int
@@ -176,6 +183,11 @@ class Verification(BaseModel):
         default=None, description="XLA:TPU's bytes per chip for both modules, for a TPU chip preset with libtpu"
     )
     tpu_skipped: str | None = Field(default=None, description="why XLA:TPU did not verify, for a TPU chip preset")
+    confirmed: bool | None = Field(
+        default=None,
+        description="whether the compiler the plan is for measures at least 70% of the predicted saving "
+        "(None: that compiler did not compile)",
+    )
     seconds: float
 
 
@@ -257,6 +269,10 @@ class Plan(BaseModel):
     timeline_before: list[TimelineSeries] = Field(default_factory=list)
     timeline_after: list[TimelineSeries] = Field(default_factory=list)
     verification: Verification | None = None
+    withdrawn: str | None = Field(
+        default=None,
+        description="why the recommended change set was withdrawn: the compiler measured less than it claims",
+    )
     verification_skipped: str | None = Field(
         default=None, description="why no faithful verification was possible for this module, when --verify was asked"
     )

@@ -3,8 +3,12 @@
 Every candidate placement is re-simulated on its own (apply it to the IR,
 propagate again, size memory again). Candidates are then taken greedily,
 largest saving first, each kept only if the module with it and the ones kept
-before predicts less HBM per chip; the rest stay in the plan, not
-recommended, with the numbers saying why. Pinning every scanned parameter
+before predicts at least `min_bytes` less HBM per chip; the rest stay in the
+plan, not recommended, with the numbers saying why. A placement that leaves
+every sharding propagation decides as it was is never recommended, whatever
+the memory model says: XLA partitions that step exactly as it would without
+it (its Sharding custom-call is removed once propagation is done), so there
+is nothing for it to save. Pinning every scanned parameter
 (what `mark_sharding_with_gradients` on every weight does) is re-simulated as
 an alternative: pins that do nothing alone can pay off together, so when it
 predicts less than both doing nothing and the greedy pick, it is the
@@ -28,6 +32,7 @@ from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine
 from planner.mesh import Mesh
 from planner.plan.compiler_only import compiler_only
+from planner.plan.confirmation import confirms, unconfirmed_reason
 from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
 from planner.plan.groups import shard_group_conflicts
 from planner.plan.manifest import Manifest
@@ -45,6 +50,7 @@ from planner.plan.model import (
     RootCauseInfo,
     TimelineSeries,
     TorchPinInfo,
+    Verification,
 )
 from planner.plan.names import NameTable, name_table
 from planner.plan.next_steps import Step, beyond_sharding
@@ -171,21 +177,24 @@ def _make_plan(
         return simulations[key]
 
     alone = {p.id: with_placements([p]).total for p in candidates}
-    chosen, after, verdicts = _greedy(candidates, alone, before, with_placements)
+    idle = {p.id for p in candidates if not changes_shardings(before.result, with_placements([p]).result)}
+    chosen, after, verdicts = _greedy(candidates, alone, idle, before, with_placements, min_bytes)
 
     alternatives = []
     pin_every = False
     every = list(pins.values())
     if every and {p.id for p in every} != {p.id for p in chosen}:
         everything = with_placements(every)
-        better = everything.total < min(before.total, after.total)
+        better = everything.total <= min(before.total, after.total) - min_bytes and changes_shardings(
+            before.result, everything.result
+        )
         alternatives.append(
             AlternativeInfo(
                 name=PIN_EVERY_PARAMETER,
                 placements=[p.id for p in every],
                 predicted_total=everything.total,
                 recommended=better,
-                why=_alternative_why(before.total, after.total, everything.total),
+                why=_alternative_why(before, after, everything, min_bytes),
             )
         )
         if better:
@@ -205,49 +214,88 @@ def _make_plan(
             chosen, after = every, everything
             pin_every = True
 
+    def assemble(
+        after: Simulation, verdicts: dict[str, tuple[bool, str]], pin_every: bool, withdrawn: str | None = None
+    ) -> Plan:
+        plan = Plan(
+            module=module.name,
+            num_partitions=module.attr("num_partitions"),
+            mesh=mesh.to_text() if mesh is not None else None,
+            partitioner=_partitioner_note(module),
+            loops=_loops(before, after),
+            hbm=HbmInfo(
+                backend=prepared.target.name,
+                capacity_bytes=capacity_bytes,
+                per_chip_before={str(k): v for k, v in before.memory.per_chip_bytes.items()},
+                per_chip_after={str(k): v for k, v in after.memory.per_chip_bytes.items()},
+                total_before=before.total,
+                total_after=after.total,
+                breakdown_before=before.memory.breakdown,
+                breakdown_after=after.memory.breakdown,
+                top_buffers_before=[_buffer(b, names) for b in before.memory.top_buffers],
+                top_buffers_after=[_buffer(b, names) for b in after.memory.top_buffers],
+            ),
+            findings=[_finding(before, after, f, axes, names, only_here.get(f.key)) for f in findings],
+            conflicts=[
+                ConflictInfo(group=c.group, members=[GroupMemberInfo(**asdict(m)) for m in c.members])
+                for c in conflicts
+            ],
+            placements=[_placement(p, alone.get(p.id), *verdicts[p.id], names=names) for p in candidates],
+            alternatives=alternatives,
+            timeline_before=_timeline(before),
+            timeline_after=_timeline(after),
+        )
+        plan.warnings = list(prepared.warnings)
+        plan.withdrawn = withdrawn
+        plan.verdict = verdict(
+            plan.hbm, plan.placements, PIN_EVERY_PARAMETER if pin_every else None, chip_name, withdrawn
+        )
+        if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
+            # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
+            step = Step(after.prepared, after.result, capacity_bytes)
+            plan.peak_holders, plan.next_steps, plan.next_steps_unavailable = beyond_sharding(step, gradients)
+        return plan
+
+    plan = assemble(after, verdicts, pin_every)
     patched = after.prepared.front
-    plan = Plan(
-        module=module.name,
-        num_partitions=module.attr("num_partitions"),
-        mesh=mesh.to_text() if mesh is not None else None,
-        partitioner=_partitioner_note(module),
-        loops=_loops(before, after),
-        hbm=HbmInfo(
-            backend=prepared.target.name,
-            capacity_bytes=capacity_bytes,
-            per_chip_before={str(k): v for k, v in before.memory.per_chip_bytes.items()},
-            per_chip_after={str(k): v for k, v in after.memory.per_chip_bytes.items()},
-            total_before=before.total,
-            total_after=after.total,
-            breakdown_before=before.memory.breakdown,
-            breakdown_after=after.memory.breakdown,
-            top_buffers_before=[_buffer(b, names) for b in before.memory.top_buffers],
-            top_buffers_after=[_buffer(b, names) for b in after.memory.top_buffers],
-        ),
-        findings=[_finding(before, after, f, axes, names, only_here.get(f.key)) for f in findings],
-        conflicts=[
-            ConflictInfo(group=c.group, members=[GroupMemberInfo(**asdict(m)) for m in c.members]) for c in conflicts
-        ],
-        placements=[_placement(p, alone.get(p.id), *verdicts[p.id], names=names) for p in candidates],
-        alternatives=alternatives,
-        timeline_before=_timeline(before),
-        timeline_after=_timeline(after),
-    )
-    plan.warnings = list(prepared.warnings)
-    plan.verdict = verdict(plan.hbm, plan.placements, PIN_EVERY_PARAMETER if pin_every else None, chip_name)
-    if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
-        # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
-        step = Step(after.prepared, after.result, capacity_bytes)
-        plan.peak_holders, plan.next_steps, plan.next_steps_unavailable = beyond_sharding(step, gradients)
-    if verify:
-        topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
-        try:
-            plan.verification = verify_with_xla(
-                module, patched, gradients, num_devices, _predicted(before, after, capacity_bytes), topology
-            )
-        except Unverifiable as e:
-            plan.verification_skipped = str(e)
+    if not verify:
+        return plan, patched
+    topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
+    try:
+        checked = verify_with_xla(
+            module, prepared.front, patched, gradients, num_devices, _predicted(before, after, capacity_bytes), topology
+        )
+    except Unverifiable as e:
+        plan.verification_skipped = str(e)
+        return plan, patched
+    checked.confirmed, withdrawn = confirmation(checked, prepared.compiler)
+    if withdrawn is not None and chosen:
+        # The compiler the plan is for does not back the claim: the plan recommends nothing, and says why.
+        verdicts = {pid: (False, withdrawn) if recommended else (False, why)
+                    for pid, (recommended, why) in verdicts.items()}  # fmt: skip
+        for alternative in alternatives:
+            if alternative.recommended:
+                alternative.recommended, alternative.why = False, withdrawn
+        plan, patched = assemble(before, verdicts, False, withdrawn), prepared.front
+    plan.verification = checked
     return plan, patched
+
+
+def confirmation(checked: Verification, compiler: str) -> tuple[bool | None, str | None]:
+    """Whether the compiler the plan is for confirms its saving (None: it did not compile), and the reason to
+    withdraw the recommendation when it does not."""
+    if compiler == "cpu":
+        name = "torch_xla's XLA:CPU" if checked.frontend == "torch_xla" else "XLA:CPU"
+        predicted, measured = checked.predicted_saving_bytes, checked.xla_saving_bytes
+    elif checked.tpu is not None and checked.tpu.predicted_before_bytes is not None:
+        name = f"XLA:TPU ({checked.tpu.topology})"
+        predicted = checked.tpu.predicted_before_bytes - (checked.tpu.predicted_after_bytes or 0)
+        measured = checked.tpu.xla_saving_bytes
+    else:
+        return None, None
+    if confirms(predicted, measured):
+        return True, None
+    return False, unconfirmed_reason(name, predicted, measured)
 
 
 def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None) -> Predicted:
@@ -263,25 +311,44 @@ def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None
     return Predicted(cpu_total(before), cpu_total(after), before.total, after.total)
 
 
+def changes_shardings(before: PropagationResult, after: PropagationResult) -> bool:
+    """Whether any instruction of the module before the placements is sharded differently after them."""
+    return any(after.sharding(name) != sharding for name, sharding in before.shardings().items())
+
+
+IDLE_WHY = (
+    "changes no sharding that propagation decides: XLA partitions the step as it does without it, so it saves nothing"
+)
+
+
 def _greedy(
     candidates: list[Placement],
     alone: dict[str, int],
+    idle: set[str],
     before: Simulation,
     simulate_with: Callable[[list[Placement]], Simulation],
+    min_bytes: int,
 ) -> tuple[list[Placement], Simulation, dict[str, tuple[bool, str]]]:
-    """Largest saving first; each kept only if it lowers the prediction with the ones kept before."""
+    """Largest saving first; each kept only if it lowers the prediction by `min_bytes` with the ones kept before.
+
+    `idle` names the candidates that change no sharding on their own: never kept.
+    """
     chosen: list[Placement] = []
     after = before
     verdicts: dict[str, tuple[bool, str]] = {}
     for p in sorted(candidates, key=lambda p: alone[p.id]):
-        if alone[p.id] >= before.total:
+        if p.id in idle:
+            verdicts[p.id] = (False, IDLE_WHY)
+            continue
+        if alone[p.id] > before.total - min_bytes:
             verdicts[p.id] = (
                 False,
-                f"alone it does not lower predicted HBM per chip ({_mb(before.total)} -> {_mb(alone[p.id])})",
+                f"alone it does not lower predicted HBM per chip by {_mb(min_bytes)} or more "
+                f"({_mb(before.total)} -> {_mb(alone[p.id])})",
             )
             continue
         trial = simulate_with([*chosen, p])
-        if trial.total < after.total:
+        if trial.total <= after.total - min_bytes:
             chosen.append(p)
             verdicts[p.id] = (
                 True,
@@ -320,10 +387,16 @@ def _mb(n: int) -> str:
     return format_bytes(n)
 
 
-def _alternative_why(before: int, greedy: int, everything: int) -> str:
+def _alternative_why(before_sim: Simulation, greedy_sim: Simulation, everything_sim: Simulation, min_bytes: int) -> str:
+    """Why pinning every scanned parameter is (or is not) the recommendation, in the terms `_make_plan` decides it."""
+    if not changes_shardings(before_sim.result, everything_sim.result):
+        return IDLE_WHY
+    before, greedy, everything = before_sim.total, greedy_sim.total, everything_sim.total
     if everything >= before:
         return f"costs memory instead of saving it: {_mb(before)} -> {_mb(everything)} per chip"
-    if everything >= greedy:
+    if everything > before - min_bytes:
+        return f"saves less than {_mb(min_bytes)} per chip: {_mb(before)} -> {_mb(everything)}"
+    if everything > greedy - min_bytes:
         return f"saves no more than the placements that pay off one by one: {_mb(everything)} vs {_mb(greedy)} per chip"
     return (
         f"saves more than the placements that pay off one by one ({_mb(everything)} vs {_mb(greedy)} "

@@ -21,9 +21,11 @@ def _worst(per_chip: dict[str, int]) -> tuple[str, int]:
     return chip, per_chip[chip]
 
 
-def change_set_name(placements: list[PlacementInfo], pin_every_name: str | None) -> str:
+def change_set_name(placements: list[PlacementInfo], pin_every_name: str | None, withdrawn: str | None = None) -> str:
     """What the recommended placements are, in words."""
     chosen = [p for p in placements if p.recommended]
+    if withdrawn is not None:
+        return f"no change: the change set was withdrawn, {withdrawn}"
     if not chosen:
         return "no change: no placement lowers HBM per chip"
     if pin_every_name is not None:
@@ -33,14 +35,21 @@ def change_set_name(placements: list[PlacementInfo], pin_every_name: str | None)
     return f"{len(chosen)} placements: " + "; ".join(p.summary for p in chosen)
 
 
-def verdict(hbm: HbmInfo, placements: list[PlacementInfo], pin_every_name: str | None, chip: str | None) -> VerdictInfo:
-    """The verdict from the plan's HBM numbers; `pin_every_name` names the change set when it is pin-every."""
+def verdict(
+    hbm: HbmInfo,
+    placements: list[PlacementInfo],
+    pin_every_name: str | None,
+    chip: str | None,
+    withdrawn: str | None = None,
+) -> VerdictInfo:
+    """The verdict from the plan's HBM numbers; `pin_every_name` names the change set when it is pin-every,
+    `withdrawn` says why the compiler verify ran did not back it."""
     worst_before_chip, worst_before = _worst(hbm.per_chip_before)
     worst_after_chip, worst_after = _worst(hbm.per_chip_after)
     capacity = hbm.capacity_bytes
     margin_before = capacity - worst_before if capacity is not None else None
     margin_after = capacity - worst_after if capacity is not None else None
-    name = change_set_name(placements, pin_every_name)
+    name = change_set_name(placements, pin_every_name, withdrawn)
     return VerdictInfo(
         capacity_bytes=capacity,
         chip=chip,

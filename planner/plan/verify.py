@@ -3,8 +3,11 @@
 Each module is compiled in a subprocess of its own, with a time limit, so a
 crash or hang in XLA cannot take the planner with it, by the XLA that compiles
 such modules for real: torch_xla's modules by torch_xla's own XLA
-(`torch_xla_compile`), JAX's by jaxlib (`xla_compile`). Reported next to our
-prediction for the same compiler: XLA's bytes per device before and after, and
+(`torch_xla_compile`), JAX's by jaxlib (`xla_compile`). "Before" is the module
+with its calls inlined, the form the placements are written into, so the
+saving is the change set's alone; the module as given is compiled too (a
+compiler can allocate a module with calls differently from its inlined form).
+Reported next to our prediction for the same compiler: XLA's bytes per device before and after, and
 whether every stacked gradient of the patched module's partitioned While loops
 is at its parameter's shard. For a TPU chip preset with libtpu installed,
 XLA:TPU compiles both modules too. libtpu is reached only through jaxlib,
@@ -21,6 +24,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.errors import PlanningError, UnfaithfulConversion
@@ -112,28 +116,43 @@ def libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+@dataclass(frozen=True)
+class Texts:
+    """The three modules verify compiles, printed: as given, inlined (what placements are written into), patched.
+
+    The saving is inlined minus patched, so it is the change set's alone: a compiler may allocate a module
+    with calls differently from its inlined form, placements or not. When the inlined text is the given
+    one it is compiled once.
+    """
+
+    given: str
+    inlined: str
+    patched: str
+
+
 def verify(
     original: HloModule,
+    inlined: HloModule,
     patched: HloModule,
     gradients: list[StackedGradient],
     num_devices: int,
     predicted: Predicted,
     tpu_topology: str | None = None,
 ) -> Verification:
-    """The XLA that compiles such modules compiles both; with `tpu_topology` (and libtpu), XLA:TPU too.
+    """The XLA that compiles such modules compiles the module as given, inlined and patched; with
+    `tpu_topology` (and libtpu), XLA:TPU too.
 
     Raises `Unverifiable` when no faithful compile is possible here (the message says why).
     """
     allow_output = allows_output_propagation(original)
     start = time.perf_counter()
-    texts = (print_module(original), print_module(patched))
+    texts = Texts(print_module(original), print_module(inlined), print_module(patched))
     torch_xla = is_torch_xla_module(original)
     if torch_xla:
-        before, after = (
-            compile_with_torch_xla(m, num_devices, text=t) for m, t in zip((original, patched), texts, strict=True)
-        )
+        modules = {texts.given: original, texts.inlined: inlined, texts.patched: patched}
+        given, before, after = _compile_each(texts, lambda t: compile_with_torch_xla(modules[t], num_devices, text=t))
     else:
-        before, after = (compile_with_xla(t, num_devices, allow_output) for t in texts)
+        given, before, after = _compile_each(texts, lambda t: compile_with_xla(t, num_devices, allow_output))
     mismatches, check = gradient_mismatches(after["while_shapes"], patched, gradients)
     tpu, tpu_skipped = None, None
     if tpu_topology is not None:
@@ -142,6 +161,7 @@ def verify(
         xla=after["xla"],
         frontend="torch_xla" if torch_xla else "jax",
         num_devices=num_devices,
+        given_total_bytes=given["total_bytes"],
         before_total_bytes=before["total_bytes"],
         after_total_bytes=after["total_bytes"],
         predicted_saving_bytes=predicted.cpu_before - predicted.cpu_after,
@@ -158,26 +178,35 @@ def verify(
     )
 
 
+def _compile_each(texts: Texts, compile_text: Callable[[str], dict]) -> tuple[dict, dict, dict]:
+    """The compiler's reports for the given, inlined and patched texts, each distinct text compiled once."""
+    reports: dict[str, dict] = {}
+    for text in (texts.given, texts.inlined, texts.patched):
+        if text not in reports:
+            reports[text] = compile_text(text)
+    return reports[texts.given], reports[texts.inlined], reports[texts.patched]
+
+
 def verify_on_tpu(
-    texts: tuple[str, str], num_devices: int, allow_output: bool, topology: str, predicted: Predicted
+    texts: Texts, num_devices: int, allow_output: bool, topology: str, predicted: Predicted
 ) -> tuple[TpuVerification | None, str | None]:
-    """XLA:TPU on the original and the patched module's text, or why not: no libtpu, or a module jaxlib
+    """XLA:TPU on the given, inlined and patched modules' text, or why not: no libtpu, or a module jaxlib
     cannot be given as it is (the conversion's reason; a torch_xla module goes through `planner.plan.stablehlo`)."""
     if not libtpu_installed():
         return None, "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
-    reports = []
-    for text, which in zip(texts, ("original", "patched"), strict=True):
-        try:
-            reports.append(compile_with_xla(text, num_devices, allow_output, tpu_topology=topology))
-        except UnfaithfulConversion as e:
-            return None, (
-                f"XLA:TPU is reached only through jaxlib's StableHLO, and the {which} module has none that "
-                f"jaxlib's compile path turns back into it: {e}"
-            )
-    before, after = reports
+    try:
+        given, before, after = _compile_each(
+            texts, lambda t: compile_with_xla(t, num_devices, allow_output, tpu_topology=topology)
+        )
+    except UnfaithfulConversion as e:
+        return None, (
+            "XLA:TPU is reached only through jaxlib's StableHLO, and the module has none that jaxlib's compile "
+            f"path turns back into it: {e}"
+        )
     return TpuVerification(
         xla=after["xla"],
         topology=topology,
+        given_total_bytes=given["total_bytes"],
         before_total_bytes=before["total_bytes"],
         after_total_bytes=after["total_bytes"],
         xla_saving_bytes=before["total_bytes"] - after["total_bytes"],
