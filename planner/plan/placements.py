@@ -94,14 +94,17 @@ def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | N
     )
 
 
+PIN_OUTPUT = "pin-output"
+
+
 def pin_output(module: HloModule, gradient: OutputGradient) -> Placement:
     """Pin a returned gradient to its parameter's sharding just before the step returns it (JAX:
     `with_sharding_constraint` on it, or `out_shardings`; torch_xla: `mark_sharding` on the gradient)."""
     key = f"{module.entry_name}[{gradient.position}]"
     ideal = gradient.ideal.to_short_text()
     return Placement(
-        id=f"pin-output:{gradient.position}",
-        kind="pin-output",
+        id=f"{PIN_OUTPUT}:{gradient.position}",
+        kind=PIN_OUTPUT,
         summary=f"pin output {gradient.position}, the gradient of {gradient.label}, to {ideal} where returned",
         fixes=(key,),
         annotations=(Annotation(module.entry_name, gradient.value, ideal),),

@@ -55,7 +55,15 @@ from planner.plan.model import (
 from planner.plan.names import NameTable, name_table
 from planner.plan.next_steps import Step, beyond_sharding
 from planner.plan.output_pairs import output_gradients
-from planner.plan.placements import Placement, apply_placements, max_group_id, pin_output, pin_parameter, split_group
+from planner.plan.placements import (
+    PIN_OUTPUT,
+    Placement,
+    apply_placements,
+    max_group_id,
+    pin_output,
+    pin_parameter,
+    split_group,
+)
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import stacked_gradients
 from planner.plan.verdict import verdict
@@ -177,8 +185,11 @@ def _make_plan(
         return simulations[key]
 
     alone = {p.id: with_placements([p]).total for p in candidates}
-    idle = {p.id for p in candidates if not changes_shardings(before.result, with_placements([p]).result)}
-    chosen, after, verdicts = _greedy(candidates, alone, idle, before, with_placements, min_bytes)
+    refused = {p.id: IDLE_WHY for p in candidates if not changes_shardings(before.result, with_placements([p]).result)}
+    if prepared.target.lends_unwritten_outputs:
+        refused |= {p.id: UNCLAIMED_OUTPUT_WHY.format(prepared.target.name) for p in candidates
+                    if p.kind == PIN_OUTPUT and p.id not in refused}  # fmt: skip
+    chosen, after, verdicts = _greedy(candidates, alone, refused, before, with_placements, min_bytes)
 
     alternatives = []
     pin_every = False
@@ -319,26 +330,32 @@ def changes_shardings(before: PropagationResult, after: PropagationResult) -> bo
 IDLE_WHY = (
     "changes no sharding that propagation decides: XLA partitions the step as it does without it, so it saves nothing"
 )
+# See `planner.targets`: a target whose compiler lends an output's allocation until the output is written.
+UNCLAIMED_OUTPUT_WHY = (
+    "{}'s compiler lends an output's allocation to its prefetches until the output is written, so returning "
+    "this gradient smaller gives the bytes back to its heap; the model does not size that, so no saving is "
+    "claimed (check it with --verify)"
+)
 
 
 def _greedy(
     candidates: list[Placement],
     alone: dict[str, int],
-    idle: set[str],
+    refused: dict[str, str],
     before: Simulation,
     simulate_with: Callable[[list[Placement]], Simulation],
     min_bytes: int,
 ) -> tuple[list[Placement], Simulation, dict[str, tuple[bool, str]]]:
     """Largest saving first; each kept only if it lowers the prediction by `min_bytes` with the ones kept before.
 
-    `idle` names the candidates that change no sharding on their own: never kept.
+    `refused` names the candidates never kept, with the reason.
     """
     chosen: list[Placement] = []
     after = before
     verdicts: dict[str, tuple[bool, str]] = {}
     for p in sorted(candidates, key=lambda p: alone[p.id]):
-        if p.id in idle:
-            verdicts[p.id] = (False, IDLE_WHY)
+        if p.id in refused:
+            verdicts[p.id] = (False, refused[p.id])
             continue
         if alone[p.id] > before.total - min_bytes:
             verdicts[p.id] = (
