@@ -255,13 +255,28 @@ def _recommendations(rows: list[Row], compiler: str) -> str:
 def write_accuracy(rows: list[Row]) -> None:
     from planner.memory.report import ACCURACY_FILE
 
-    bands = {}
+    bands: dict[str, dict[str, Any]] = {}
     for compiler in ("cpu", "tpu"):
-        errors = [abs(r.error) for r in rows if r.compiler == compiler]
-        if errors:
-            bands[compiler] = {"num_cases": len(errors), "p90": round(_percentile(errors, 0.9), 4),
-                               "max": round(max(errors), 4)}  # fmt: skip
+        mine = [r for r in rows if r.compiler == compiler]
+        if not mine:
+            continue
+        errors = [abs(r.error) for r in mine]
+        bands[compiler] = {"num_cases": len(errors), "p90": round(_percentile(errors, 0.9), 4),
+                           "max": round(max(errors), 4), **_signed(mine), "kinds": {}}  # fmt: skip
+        for kind in sorted({_kind(r.case) for r in mine}):
+            bands[compiler]["kinds"][kind] = _signed([r for r in mine if _kind(r.case) == kind])
     ACCURACY_FILE.write_text(json.dumps(bands, indent=1) + "\n")
+
+
+def _kind(case: Case) -> str:
+    """The kind of step a verdict's error band is measured on: its partitioner and front end."""
+    return f"{case.partitioner}/{case.front_end}"
+
+
+def _signed(rows: list[Row]) -> dict[str, Any]:
+    """The most the model has been under and over the compiler, signed, rounded outwards."""
+    return {"num_cases": len(rows), "under": math.floor(min(0.0, *(r.error for r in rows)) * 1e4) / 1e4,
+            "over": math.ceil(max(0.0, *(r.error for r in rows)) * 1e4) / 1e4}  # fmt: skip
 
 
 def write_section(path: Path, table: str) -> None:

@@ -127,6 +127,26 @@ def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelle
 ACCURACY_FILE = Path(__file__).resolve().parents[1] / "data" / "memory_accuracy.json"
 
 
+# The fewest reference steps a kind's own signed band is trusted on; fewer, and the compiler's band is used.
+MIN_KIND_CASES = 5
+
+
+@functools.cache
+def signed_error(compiler: str, kind: str) -> tuple[str, int, float, float] | None:
+    """(kind measured, steps, most under, most over): the sweep's signed error, (ours - compiler) / compiler, on
+    this kind of step (`partitioner/front end`, e.g. `gspmd/jax`) for this compiler, or over all its steps when
+    the kind has fewer than `MIN_KIND_CASES`; None when the sweep recorded none."""
+    if not ACCURACY_FILE.exists():
+        return None
+    bands = json.loads(ACCURACY_FILE.read_text()).get(compiler)
+    if bands is None or "under" not in bands:
+        return None
+    own = bands.get("kinds", {}).get(kind)
+    if own is not None and own["num_cases"] >= MIN_KIND_CASES:
+        return kind, own["num_cases"], own["under"], own["over"]
+    return "all", bands["num_cases"], bands["under"], bands["over"]
+
+
 @functools.cache
 def error_band(compiler: str) -> ErrorBand | None:
     """The sweep's measured error for this compiler (`python -m fidelity.sweep --write` records it)."""

@@ -196,8 +196,20 @@ class VerdictInfo(BaseModel):
 
     capacity_bytes: int | None = Field(description="the chip's HBM; None when no chip or --hbm was given")
     chip: str | None = Field(default=None, description="the chip preset, when one was given")
-    fits_before: bool | None = Field(description="worst chip within capacity before the plan (None: no capacity)")
+    fits_before: bool | None = Field(
+        description="worst chip within capacity before the plan (None: no capacity, or too close to call)"
+    )
     fits_after: bool | None
+    call_before: str = Field(default="no capacity", description="fits, does not fit, too close to call or no capacity")
+    call_after: str = Field(default="no capacity")
+    error_band: list[float] | None = Field(
+        default=None,
+        description="[under, over]: the model's signed error on this kind of step, (ours - compiler) / compiler, "
+        "widened by the verdict's margin; a verdict is said only where it holds across it",
+    )
+    error_band_kind: str | None = Field(default=None, description="the kind of step the band was measured on")
+    measured_by: str | None = Field(default=None, description="the compiler whose measured bytes decided the verdict")
+    verify_command: str | None = Field(default=None, description="what to run when the verdict is too close to call")
     worst_chip_before: str = Field(description="the chip (device id) holding the most bytes before the plan")
     worst_before_bytes: int
     worst_chip_after: str

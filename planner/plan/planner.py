@@ -24,12 +24,13 @@ from dataclasses import asdict, dataclass
 
 from planner.errors import Unverifiable
 from planner.gc_pause import collection_paused
+from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import SHARDY, partitioner_of
 from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report, memory_timeline
 from planner.memory.buffers import leaf_shardings, per_device_bytes
-from planner.memory.report import BufferLine
+from planner.memory.report import BufferLine, signed_error
 from planner.mesh import Mesh
 from planner.plan.compiler_only import compiler_only
 from planner.plan.confirmation import confirms, unconfirmed_reason
@@ -66,7 +67,7 @@ from planner.plan.placements import (
 )
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import stacked_gradients
-from planner.plan.verdict import verdict
+from planner.plan.verdict import Band, Measured, verdict
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
@@ -259,7 +260,13 @@ def _make_plan(
         plan.warnings = list(prepared.warnings)
         plan.withdrawn = withdrawn
         plan.verdict = verdict(
-            plan.hbm, plan.placements, PIN_EVERY_PARAMETER if pin_every else None, chip_name, withdrawn
+            plan.hbm,
+            plan.placements,
+            PIN_EVERY_PARAMETER if pin_every else None,
+            chip_name,
+            withdrawn,
+            band_for(prepared),
+            verify_command=verify_command(mesh, chip_name, capacity_bytes),
         )
         if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
             # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
@@ -289,7 +296,59 @@ def _make_plan(
                 alternative.recommended, alternative.why = False, withdrawn
         plan, patched = assemble(before, verdicts, False, withdrawn), prepared.front
     plan.verification = checked
+    measured = measured_by_target(checked, prepared.compiler, withdrawn is not None)
+    if measured is not None and plan.verdict is not None:
+        # The compiler the plan is for measured the step: its bytes decide the verdict, no band needed.
+        pin_every_name = PIN_EVERY_PARAMETER if pin_every and withdrawn is None else None
+        plan.verdict = verdict(plan.hbm, plan.placements, pin_every_name, chip_name, withdrawn, measured=measured)
     return plan, patched
+
+
+# The verdict's band is the widest error measured on the kind of step, widened by this much on each side.
+VERDICT_MARGIN = 0.05
+
+
+def band_for(prepared: PreparedModule) -> Band | None:
+    """The measured error of the model on steps of this kind (partitioner and front end) for the target's compiler."""
+    front_end = "torch_xla" if is_torch_xla_module(prepared.source) else "jax"
+    found = signed_error(prepared.compiler, f"{partitioner_of(prepared.source)}/{front_end}")
+    if found is None:
+        return None
+    kind, num_cases, under, over = found
+    compiler = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(prepared.compiler, prepared.compiler)
+    label = f"{compiler} {kind}" if kind != "all" else f"all of {compiler}'s"
+    return Band(label, num_cases, max(under - VERDICT_MARGIN, -0.95), over + VERDICT_MARGIN)
+
+
+def verify_command(mesh: Mesh | None, chip: str | None, capacity_bytes: int | None) -> str:
+    """The command that asks the compiler itself, for a verdict the band cannot decide."""
+    target = f"--chip {chip}" if chip else f"--hbm {capacity_bytes}B" if capacity_bytes is not None else ""
+    parts = ["spmd-planner plan STEP.hlo", f"--mesh {mesh.to_text()}" if mesh is not None else "", target, "--verify"]
+    return " ".join(p for p in parts if p)
+
+
+def measured_by_target(checked: Verification, compiler: str, withdrawn: bool) -> Measured | None:
+    """The bytes the plan's own compiler measured for the step as given and with the change set (as given again
+    when the change set was withdrawn); None when that compiler did not compile it."""
+    if compiler == "cpu":
+        name, given, before, after = (
+            "XLA:CPU",
+            checked.given_total_bytes,
+            checked.before_total_bytes,
+            checked.after_total_bytes,
+        )
+    elif checked.tpu is not None:
+        tpu = checked.tpu
+        name, given, before, after = (
+            f"XLA:TPU ({tpu.topology})",
+            tpu.given_total_bytes,
+            tpu.before_total_bytes,
+            tpu.after_total_bytes,
+        )
+    else:
+        return None
+    as_given = given if given is not None else before
+    return Measured(name, as_given, as_given if withdrawn else after)
 
 
 def confirmation(checked: Verification, compiler: str) -> tuple[bool | None, str | None]:
@@ -409,7 +468,7 @@ def _alternative_why(before_sim: Simulation, greedy_sim: Simulation, everything_
     if not changes_shardings(before_sim.result, everything_sim.result):
         return IDLE_WHY
     before, greedy, everything = before_sim.total, greedy_sim.total, everything_sim.total
-    if everything >= before:
+    if everything > before:
         return f"costs memory instead of saving it: {_mb(before)} -> {_mb(everything)} per chip"
     if everything > before - min_bytes:
         return f"saves less than {_mb(min_bytes)} per chip: {_mb(before)} -> {_mb(everything)}"

@@ -4,16 +4,69 @@ It is the first thing every report, page and JSON says. It speaks of the worst
 chip: a step fits only if every chip does, and chips differ (a replicated
 buffer costs every chip the same, an uneven split does not).
 
+A prediction is not the compiler's number, so the verdict is said only where
+it holds across the error the model has had on that kind of step (`Band`,
+measured by the reference sweep): "fits" when even the most the compiler has
+allocated over our prediction stays within capacity, "does not fit" when even
+the least stays over it, and otherwise "too close to call", with the command
+that asks the compiler. A verdict on bytes the compiler measured (`--verify`)
+needs no band.
+
 A worked example, the bundled torch_xla step planned for XLA:CPU with 32 GiB
 per chip: worst chip 659.8 MiB before, 520.8 MiB after pinning every scanned
 parameter, so "fits: 520.8 MiB per chip after the plan, 31.5 GiB to spare on
-32.0 GiB; before 659.8 MiB".
+32.0 GiB; before 659.8 MiB". With 600 MiB and XLA:CPU's band for torch_xla
+steps (-18% to +20%), 520.8 MiB could be XLA's 434.0 to 635.1 MiB: too close
+to call.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.plan.model import HbmInfo, PlacementInfo, VerdictInfo
 from planner.units import format_bytes
+
+FITS, DOES_NOT_FIT, TOO_CLOSE, NO_CAPACITY = "fits", "does not fit", "too close to call", "no capacity"
+
+
+@dataclass(frozen=True)
+class Band:
+    """How far the model has been from the compiler on one kind of step: (ours - compiler) / compiler, signed.
+
+    `under` is the most the model has predicted below the compiler (<= 0), `over` the most above (>= 0),
+    each already widened by the margin the verdict keeps (`planner.memory.accuracy`).
+    """
+
+    kind: str
+    num_cases: int
+    under: float
+    over: float
+
+    def compiler_range(self, predicted: int) -> tuple[int, int]:
+        """The compiler's bytes this prediction has stood for: 100 predicted with (-20%, +25%) is 80 to 125."""
+        return round(predicted / (1 + self.over)), round(predicted / (1 + self.under))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The compiler's own bytes per chip for the step as given and with the change set (from `--verify`)."""
+
+    compiler: str
+    before_bytes: int
+    after_bytes: int
+
+
+def call(predicted: int, capacity: int | None, band: Band | None) -> str:
+    """fits, does not fit, too close to call (within the band of capacity) or no capacity."""
+    if capacity is None:
+        return NO_CAPACITY
+    low, high = band.compiler_range(predicted) if band is not None else (predicted, predicted)
+    if high <= capacity:
+        return FITS
+    if low > capacity:
+        return DOES_NOT_FIT
+    return TOO_CLOSE
 
 
 def _worst(per_chip: dict[str, int]) -> tuple[str, int]:
@@ -41,40 +94,84 @@ def verdict(
     pin_every_name: str | None,
     chip: str | None,
     withdrawn: str | None = None,
+    band: Band | None = None,
+    measured: Measured | None = None,
+    verify_command: str | None = None,
 ) -> VerdictInfo:
-    """The verdict from the plan's HBM numbers; `pin_every_name` names the change set when it is pin-every,
-    `withdrawn` says why the compiler verify ran did not back it."""
+    """The verdict from the plan's HBM numbers, or the compiler's when `measured`.
+
+    `pin_every_name` names the change set when it is pin-every, `withdrawn` says why the compiler verify ran
+    did not back it, `band` is the model's measured error on this kind of step (None: the point estimate
+    decides), `verify_command` what to run when the band does not decide.
+    """
     worst_before_chip, worst_before = _worst(hbm.per_chip_before)
     worst_after_chip, worst_after = _worst(hbm.per_chip_after)
+    if measured is not None:
+        worst_before, worst_after, band = measured.before_bytes, measured.after_bytes, None
     capacity = hbm.capacity_bytes
-    margin_before = capacity - worst_before if capacity is not None else None
-    margin_after = capacity - worst_after if capacity is not None else None
+    call_before, call_after = call(worst_before, capacity, band), call(worst_after, capacity, band)
     name = change_set_name(placements, pin_every_name, withdrawn)
+    where = f"{chip} ({format_bytes(capacity)})" if chip and capacity is not None else format_bytes(capacity or 0)
+    if capacity is None:
+        summary = _no_capacity(worst_before, worst_after)
+    elif TOO_CLOSE in (call_before, call_after):
+        assert band is not None
+        summary = _too_close(worst_before, worst_after, call_before, call_after, where, band, verify_command)
+    else:
+        summary = _summary(worst_before, worst_after, capacity, where)
+    if measured is not None:
+        summary += f" (as {measured.compiler} measures it)"
     return VerdictInfo(
         capacity_bytes=capacity,
         chip=chip,
-        fits_before=None if capacity is None else worst_before <= capacity,
-        fits_after=None if capacity is None else worst_after <= capacity,
+        fits_before={FITS: True, DOES_NOT_FIT: False}.get(call_before),
+        fits_after={FITS: True, DOES_NOT_FIT: False}.get(call_after),
+        call_before=call_before,
+        call_after=call_after,
+        error_band=None if band is None else [band.under, band.over],
+        error_band_kind=None if band is None else band.kind,
+        measured_by=None if measured is None else measured.compiler,
+        verify_command=verify_command if TOO_CLOSE in (call_before, call_after) else None,
         worst_chip_before=worst_before_chip,
         worst_before_bytes=worst_before,
         worst_chip_after=worst_after_chip,
         worst_after_bytes=worst_after,
-        margin_before_bytes=margin_before,
-        margin_after_bytes=margin_after,
+        margin_before_bytes=capacity - worst_before if capacity is not None else None,
+        margin_after_bytes=capacity - worst_after if capacity is not None else None,
         change_set=[p.id for p in placements if p.recommended],
         change_set_name=name,
         saves_bytes=worst_before - worst_after,
-        summary=_summary(worst_before, worst_after, capacity, chip),
+        summary=summary,
     )
 
 
-def _summary(before: int, after: int, capacity: int | None, chip: str | None) -> str:
-    if capacity is None:
-        return (
-            f"HBM per chip {format_bytes(before)} -> {format_bytes(after)} with the plan; no capacity given "
-            "(pass --chip or --hbm for a fit verdict)"
-        )
-    where = f"{chip} ({format_bytes(capacity)})" if chip else format_bytes(capacity)
+def _no_capacity(before: int, after: int) -> str:
+    return (
+        f"HBM per chip {format_bytes(before)} -> {format_bytes(after)} with the plan; no capacity given "
+        "(pass --chip or --hbm for a fit verdict)"
+    )
+
+
+def _too_close(
+    before: int, after: int, call_before: str, call_after: str, where: str, band: Band, verify_command: str | None
+) -> str:
+    ask = f"; verify it: {verify_command}" if verify_command else ""
+    if call_after == TOO_CLOSE:
+        head = f"{TOO_CLOSE} after the plan: {format_bytes(after)} per chip predicted on {where}, {_range(after, band)}"
+        return f"{head}; before {format_bytes(before)} ({call_before}){ask}"
+    head = f"{call_after} after the plan: {format_bytes(after)} per chip on {where}"
+    return f"{head}; before {format_bytes(before)} is {TOO_CLOSE}, {_range(before, band)}{ask}"
+
+
+def _range(predicted: int, band: Band) -> str:
+    low, high = band.compiler_range(predicted)
+    return (
+        f"which on {band.kind} steps the compiler has allocated as {format_bytes(low)} to {format_bytes(high)} "
+        f"({band.under:+.0%} to {band.over:+.0%} from the prediction, {band.num_cases} reference steps)"
+    )
+
+
+def _summary(before: int, after: int, capacity: int, where: str) -> str:
     if after <= capacity:
         spare = f"{format_bytes(capacity - after)} to spare on {where}"
         if before <= capacity:
