@@ -233,7 +233,45 @@ def _goals(rows: list[Row]) -> list[str]:
         f"{_percentile(errors, 0.9):.1%}.",
         "",
         *(_recommendations(rows, compiler) for compiler in ("cpu", "tpu")),
+        _verdicts(rows),
     ]
+
+
+def _verdicts(rows: list[Row]) -> str:
+    calls = verdict_calls(rows)
+    total = sum(len(v) for v in calls.values())
+    opposite = "; ".join(calls["opposite"][:5])
+    return (
+        f"- Fit verdicts over every case and compiler against every chip preset's capacity ({total}): "
+        f"{len(calls['right'])} right, {len(calls['too close'])} too close to call, {len(calls['opposite'])} "
+        f"the opposite of the compiler's" + (f" ({opposite})" if opposite else "") + "."
+    )
+
+
+def verdict_calls(rows: list[Row]) -> dict[str, list[str]]:
+    """Every row's verdict against every chip preset's capacity, before the plan and (where its change set was
+    compiled) after it, checked against the compiler's own bytes: right, too close to call, or opposite."""
+    from planner.memory.chips import CHIPS
+    from planner.plan.planner import band_of
+    from planner.plan.verdict import DOES_NOT_FIT, FITS, call
+
+    calls: dict[str, list[str]] = {"right": [], "too close": [], "opposite": []}
+    for r in rows:
+        band = band_of(r.compiler, r.case.partitioner, r.case.front_end)
+        pairs = [("before", r.ours_bytes, r.compiler_bytes)]
+        if r.placement is not None:
+            pairs.append(("after", r.placement.predicted_after, r.placement.xla_after))
+        for chip in CHIPS.values():
+            for when, ours, theirs in pairs:
+                said = call(ours, chip.hbm_bytes, band)
+                label = f"{r.case.name} {r.backend} {when} on {chip.name}"
+                if said not in (FITS, DOES_NOT_FIT):
+                    calls["too close"].append(label)
+                elif (said == FITS) == (theirs <= chip.hbm_bytes):
+                    calls["right"].append(label)
+                else:
+                    calls["opposite"].append(f"{label}: ours {_mib(ours)}, compiler {_mib(theirs)} MiB")
+    return calls
 
 
 def _recommendations(rows: list[Row], compiler: str) -> str:

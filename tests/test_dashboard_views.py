@@ -77,7 +77,8 @@ def test_chip_ids_are_ranges_never_a_list() -> None:
 
 def with_verdict(plan: Plan) -> Plan:
     plan.verdict = VerdictInfo(
-        capacity_bytes=600 << 20, chip=None, fits_before=False, fits_after=True, worst_chip_before="0",
+        capacity_bytes=600 << 20, chip=None, fits_before=False, fits_after=True, call_before="does not fit",
+        call_after="fits", worst_chip_before="0",
         worst_before_bytes=plan.hbm.total_before, worst_chip_after="0", worst_after_bytes=plan.hbm.total_after,
         margin_before_bytes=(600 << 20) - plan.hbm.total_before, margin_after_bytes=(600 << 20) - plan.hbm.total_after,
         change_set=[p.id for p in plan.placements], change_set_name="pin every scanned parameter",
@@ -106,6 +107,11 @@ def test_verdict_comes_first_and_only_when_there_is_one(client: TestClient) -> N
     assert html.index('id="verdict"') < html.index("<h1>")
     assert "Does not fit in 600.0 MiB; fits after the plan." in html and "over by" in html and "to spare" in html
     assert 'id="summary"' not in html  # the verdict says it
+    assert '<span class="badge no">does not fit</span>' in html and '<span class="badge ok">fits</span>' in html
+    close = with_verdict(plan_on("fsdp=4,tp=2", 8))
+    assert close.verdict is not None
+    close.verdict = close.verdict.model_copy(update={"call_after": "too close to call", "fits_after": None})
+    assert '<span class="badge info">too close to call</span>' in page(client, "too-close", close)
     plain = page(client, "no-verdict", plan_on("fsdp=4,tp=2", 8).model_copy(update={"verdict": None}))
     assert 'id="verdict"' not in plain and 'id="summary"' in plain
 

@@ -13,7 +13,7 @@ import pytest
 
 from fidelity.cases import CI_SUBSET, Case
 from fidelity.references import ensure_references, reference_path
-from fidelity.sweep import Row, predict
+from fidelity.sweep import Row, predict, verdict_calls
 
 pytestmark = pytest.mark.xla
 
@@ -99,3 +99,11 @@ def test_verify_compiles_for_tpu_as_the_sweep_does() -> None:
         sweep["temp_size_in_bytes"],
         sweep["total_bytes"],
     )
+
+
+def test_fit_verdicts_are_never_the_opposite_of_the_compilers(rows: dict[str, list[Row]]) -> None:
+    """Against every chip preset's capacity, each step's verdict before the plan (ours, with the band measured on
+    its kind of step) is right or too close to call, never the opposite of the compiler's bytes."""
+    calls = verdict_calls([r for case_rows in rows.values() for r in case_rows])
+    assert calls["opposite"] == []
+    assert len(calls["right"]) > len(calls["too close"])

@@ -12,7 +12,7 @@ from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo_file
 from planner.mesh import Mesh
 from planner.plan.planner import PIN_EVERY_PARAMETER, make_plan
-from planner.plan.verdict import verdict
+from planner.plan.verdict import DOES_NOT_FIT, FITS, TOO_CLOSE, Band, Measured, call, verdict
 from planner.prepare import prepare
 
 MIB = 1 << 20
@@ -55,3 +55,45 @@ def test_plan_carries_its_verdict_first(plan) -> None:
     assert v.change_set == [p.id for p in plan.placements if p.recommended] and len(v.change_set) == 9
     assert v.change_set_name == "pin every scanned parameter and its gradient (9 pins)"
     assert v.saves_bytes == v.worst_before_bytes - v.worst_after_bytes
+
+
+# A band as the sweep records it: the model has been 20% under and 25% over the compiler on this kind of step.
+BAND = Band("XLA:CPU gspmd/torch_xla", 16, -0.2, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("predicted_mib", "capacity_mib", "said"),
+    [
+        (100, 125, FITS),  # the compiler has allocated at most 100 / 0.8 = 125 for such a prediction
+        (100, 124, TOO_CLOSE),
+        (100, 81, TOO_CLOSE),
+        (100, 79, DOES_NOT_FIT),  # and at least 100 / 1.25 = 80
+    ],
+    ids=["fits_at_the_band", "just_inside_above", "just_inside_below", "over_the_band"],
+)
+def test_a_verdict_is_said_only_where_it_holds_across_the_band(predicted_mib, capacity_mib, said) -> None:
+    assert call(predicted_mib * MIB, capacity_mib * MIB, BAND) == said
+    assert call(predicted_mib * MIB, None, BAND) == "no capacity"
+
+
+def test_too_close_to_call_names_the_range_and_the_command(plan) -> None:
+    hbm = plan.hbm.model_copy(update={"capacity_bytes": 520 * MIB})
+    command = "spmd-planner plan STEP.hlo --mesh fsdp=4,tp=2 --hbm 545259520B --verify"
+    v = verdict(hbm, plan.placements, PIN_EVERY_PARAMETER, None, band=BAND, verify_command=command)
+    assert (v.call_before, v.call_after) == (DOES_NOT_FIT, TOO_CLOSE)
+    assert (v.fits_before, v.fits_after) == (False, None)
+    assert v.error_band == [-0.2, 0.25] and v.verify_command == command
+    assert v.summary == (
+        "too close to call after the plan: 520.8 MiB per chip predicted on 520.0 MiB, which on XLA:CPU "
+        "gspmd/torch_xla steps the compiler has allocated as 416.7 MiB to 651.0 MiB (-20% to +25% from the "
+        "prediction, 16 reference steps); before 659.8 MiB (does not fit); verify it: " + command
+    )
+
+
+def test_measured_bytes_decide_without_a_band(plan) -> None:
+    hbm = plan.hbm.model_copy(update={"capacity_bytes": 600 * MIB})
+    measured = Measured("XLA:CPU", 633 * MIB, 524 * MIB)
+    v = verdict(hbm, plan.placements, PIN_EVERY_PARAMETER, None, band=BAND, measured=measured)
+    assert (v.call_before, v.call_after) == (DOES_NOT_FIT, FITS) and v.error_band is None
+    assert v.measured_by == "XLA:CPU" and v.worst_after_bytes == 524 * MIB
+    assert v.summary.endswith("(as XLA:CPU measures it)")

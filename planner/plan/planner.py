@@ -311,12 +311,17 @@ VERDICT_MARGIN = 0.05
 def band_for(prepared: PreparedModule) -> Band | None:
     """The measured error of the model on steps of this kind (partitioner and front end) for the target's compiler."""
     front_end = "torch_xla" if is_torch_xla_module(prepared.source) else "jax"
-    found = signed_error(prepared.compiler, f"{partitioner_of(prepared.source)}/{front_end}")
+    return band_of(prepared.compiler, partitioner_of(prepared.source), front_end)
+
+
+def band_of(compiler: str, partitioner: str, front_end: str) -> Band | None:
+    """The sweep's signed error for this compiler on `partitioner/front_end` steps, widened by `VERDICT_MARGIN`."""
+    found = signed_error(compiler, f"{partitioner}/{front_end}")
     if found is None:
         return None
     kind, num_cases, under, over = found
-    compiler = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(prepared.compiler, prepared.compiler)
-    label = f"{compiler} {kind}" if kind != "all" else f"all of {compiler}'s"
+    name = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
+    label = f"{name} {kind}" if kind != "all" else f"all of {name}'s"
     return Band(label, num_cases, max(under - VERDICT_MARGIN, -0.95), over + VERDICT_MARGIN)
 
 
