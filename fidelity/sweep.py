@@ -252,8 +252,7 @@ def verdict_calls(rows: list[Row]) -> dict[str, list[str]]:
     """Every row's verdict against every chip preset's capacity, before the plan and (where its change set was
     compiled) after it, checked against the compiler's own bytes: right, too close to call, or opposite."""
     from planner.memory.chips import CHIPS
-    from planner.plan.planner import band_of
-    from planner.plan.verdict import DOES_NOT_FIT, FITS, call
+    from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
 
     calls: dict[str, list[str]] = {"right": [], "too close": [], "opposite": []}
     for r in rows:

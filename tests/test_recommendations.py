@@ -11,10 +11,10 @@ from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.mesh import Mesh
 from planner.plan import planner
-from planner.plan.confirmation import CONFIRMED_SHARE, confirms
+from planner.plan.confirmation import CONFIRMED_SHARE, confirmation, confirms
 from planner.plan.model import TpuVerification, Verification
 from planner.plan.placements import PIN_OUTPUT
-from planner.plan.planner import IDLE_WHY, UNCLAIMED_OUTPUT_WHY, confirmation, make_plan
+from planner.plan.planner import IDLE_WHY, UNCLAIMED_OUTPUT_WHY, make_plan
 from planner.prepare import prepare
 
 MESH = Mesh.parse("fsdp=4,tp=2")

@@ -11,6 +11,10 @@ saved), XLA:TPU 370.8 -> 346.9 MiB (23.9 saved): 27% of the claim, not confirmed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from planner.plan.model import Verification
+from planner.plan.verdict import Measured
 from planner.units import format_bytes
 
 CONFIRMED_SHARE = 0.7
@@ -34,3 +38,58 @@ def unconfirmed_reason(compiler: str, predicted_saving_bytes: int, measured_savi
         f"{compiler} does not confirm it: predicted to save {format_bytes(predicted_saving_bytes)} per chip, "
         f"{compiler} {measured} (a recommendation needs at least {CONFIRMED_SHARE:.0%} of its claim)"
     )
+
+
+@dataclass(frozen=True)
+class TargetCompile:
+    """What the compiler the plan is for measured, beside what the plan predicted for it."""
+
+    compiler: str
+    given_bytes: int  # the module as given
+    before_bytes: int  # its inlined form, the one the change set is written into
+    after_bytes: int  # that form with the change set
+    predicted_saving_bytes: int
+
+    @property
+    def saving_bytes(self) -> int:
+        return self.before_bytes - self.after_bytes
+
+
+def target_compile(checked: Verification, compiler: str) -> TargetCompile | None:
+    """XLA:CPU's numbers for a CPU plan, XLA:TPU's for a TPU plan; None when that compiler did not compile."""
+    if compiler == "cpu":
+        name = "torch_xla's XLA:CPU" if checked.frontend == "torch_xla" else "XLA:CPU"
+        given, before, after = checked.given_total_bytes, checked.before_total_bytes, checked.after_total_bytes
+        predicted = checked.predicted_saving_bytes
+    elif checked.tpu is not None and checked.tpu.predicted_before_bytes is not None:
+        tpu, predicted_before = checked.tpu, checked.tpu.predicted_before_bytes
+        name, given, before, after = (
+            f"XLA:TPU ({tpu.topology})",
+            tpu.given_total_bytes,
+            tpu.before_total_bytes,
+            tpu.after_total_bytes,
+        )
+        predicted = predicted_before - (tpu.predicted_after_bytes or 0)
+    else:
+        return None
+    return TargetCompile(name, given if given is not None else before, before, after, predicted)
+
+
+def confirmation(checked: Verification, compiler: str) -> tuple[bool | None, str | None]:
+    """Whether the compiler the plan is for confirms its saving (None: it did not compile), and the reason to
+    withdraw the recommendation when it does not."""
+    found = target_compile(checked, compiler)
+    if found is None:
+        return None, None
+    if confirms(found.predicted_saving_bytes, found.saving_bytes):
+        return True, None
+    return False, unconfirmed_reason(found.compiler, found.predicted_saving_bytes, found.saving_bytes)
+
+
+def measured_by_target(checked: Verification, compiler: str, withdrawn: bool) -> Measured | None:
+    """The bytes the plan's own compiler measured for the step as given and with the change set (as given again
+    when the change set was withdrawn); None when that compiler did not compile it."""
+    found = target_compile(checked, compiler)
+    if found is None:
+        return None
+    return Measured(found.compiler, found.given_bytes, found.given_bytes if withdrawn else found.after_bytes)

@@ -24,16 +24,15 @@ from dataclasses import asdict, dataclass
 
 from planner.errors import Unverifiable
 from planner.gc_pause import collection_paused
-from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import SHARDY, partitioner_of
 from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report, memory_timeline
 from planner.memory.buffers import leaf_shardings, per_device_bytes
-from planner.memory.report import BufferLine, signed_error
+from planner.memory.report import BufferLine
 from planner.mesh import Mesh
 from planner.plan.compiler_only import compiler_only
-from planner.plan.confirmation import confirms, unconfirmed_reason
+from planner.plan.confirmation import confirmation, measured_by_target
 from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
 from planner.plan.groups import shard_group_conflicts
 from planner.plan.manifest import Manifest
@@ -51,7 +50,6 @@ from planner.plan.model import (
     RootCauseInfo,
     TimelineSeries,
     TorchPinInfo,
-    Verification,
 )
 from planner.plan.names import NameTable, name_table
 from planner.plan.next_steps import Step, beyond_sharding
@@ -67,7 +65,7 @@ from planner.plan.placements import (
 )
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import stacked_gradients
-from planner.plan.verdict import Band, Measured, verdict
+from planner.plan.verdict import band_for, verdict, verify_command
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
@@ -302,75 +300,6 @@ def _make_plan(
         pin_every_name = PIN_EVERY_PARAMETER if pin_every and withdrawn is None else None
         plan.verdict = verdict(plan.hbm, plan.placements, pin_every_name, chip_name, withdrawn, measured=measured)
     return plan, patched
-
-
-# The verdict's band is the widest error measured on the kind of step, widened by this much on each side.
-VERDICT_MARGIN = 0.05
-
-
-def band_for(prepared: PreparedModule) -> Band | None:
-    """The measured error of the model on steps of this kind (partitioner and front end) for the target's compiler."""
-    front_end = "torch_xla" if is_torch_xla_module(prepared.source) else "jax"
-    return band_of(prepared.compiler, partitioner_of(prepared.source), front_end)
-
-
-def band_of(compiler: str, partitioner: str, front_end: str) -> Band | None:
-    """The sweep's signed error for this compiler on `partitioner/front_end` steps, widened by `VERDICT_MARGIN`."""
-    found = signed_error(compiler, f"{partitioner}/{front_end}")
-    if found is None:
-        return None
-    kind, num_cases, under, over = found
-    name = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
-    label = f"{name} {kind}" if kind != "all" else f"all of {name}'s"
-    return Band(label, num_cases, max(under - VERDICT_MARGIN, -0.95), over + VERDICT_MARGIN)
-
-
-def verify_command(mesh: Mesh | None, chip: str | None, capacity_bytes: int | None) -> str:
-    """The command that asks the compiler itself, for a verdict the band cannot decide."""
-    target = f"--chip {chip}" if chip else f"--hbm {capacity_bytes}B" if capacity_bytes is not None else ""
-    parts = ["spmd-planner plan STEP.hlo", f"--mesh {mesh.to_text()}" if mesh is not None else "", target, "--verify"]
-    return " ".join(p for p in parts if p)
-
-
-def measured_by_target(checked: Verification, compiler: str, withdrawn: bool) -> Measured | None:
-    """The bytes the plan's own compiler measured for the step as given and with the change set (as given again
-    when the change set was withdrawn); None when that compiler did not compile it."""
-    if compiler == "cpu":
-        name, given, before, after = (
-            "XLA:CPU",
-            checked.given_total_bytes,
-            checked.before_total_bytes,
-            checked.after_total_bytes,
-        )
-    elif checked.tpu is not None:
-        tpu = checked.tpu
-        name, given, before, after = (
-            f"XLA:TPU ({tpu.topology})",
-            tpu.given_total_bytes,
-            tpu.before_total_bytes,
-            tpu.after_total_bytes,
-        )
-    else:
-        return None
-    as_given = given if given is not None else before
-    return Measured(name, as_given, as_given if withdrawn else after)
-
-
-def confirmation(checked: Verification, compiler: str) -> tuple[bool | None, str | None]:
-    """Whether the compiler the plan is for confirms its saving (None: it did not compile), and the reason to
-    withdraw the recommendation when it does not."""
-    if compiler == "cpu":
-        name = "torch_xla's XLA:CPU" if checked.frontend == "torch_xla" else "XLA:CPU"
-        predicted, measured = checked.predicted_saving_bytes, checked.xla_saving_bytes
-    elif checked.tpu is not None and checked.tpu.predicted_before_bytes is not None:
-        name = f"XLA:TPU ({checked.tpu.topology})"
-        predicted = checked.tpu.predicted_before_bytes - (checked.tpu.predicted_after_bytes or 0)
-        measured = checked.tpu.xla_saving_bytes
-    else:
-        return None, None
-    if confirms(predicted, measured):
-        return True, None
-    return False, unconfirmed_reason(name, predicted, measured)
 
 
 def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None) -> Predicted:

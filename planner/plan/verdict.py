@@ -25,7 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.hlo.frontend import is_torch_xla_module
+from planner.hlo.shardy_import import partitioner_of
+from planner.memory.report import signed_error
+from planner.mesh import Mesh
 from planner.plan.model import HbmInfo, PlacementInfo, VerdictInfo
+from planner.prepare import PreparedModule
 from planner.units import format_bytes
 
 FITS, DOES_NOT_FIT, TOO_CLOSE, NO_CAPACITY = "fits", "does not fit", "too close to call", "no capacity"
@@ -47,6 +52,34 @@ class Band:
     def compiler_range(self, predicted: int) -> tuple[int, int]:
         """The compiler's bytes this prediction has stood for: 100 predicted with (-20%, +25%) is 80 to 125."""
         return round(predicted / (1 + self.over)), round(predicted / (1 + self.under))
+
+
+# The verdict's band is the widest error measured on the kind of step, widened by this much on each side.
+VERDICT_MARGIN = 0.05
+
+
+def band_for(prepared: PreparedModule) -> Band | None:
+    """The measured error of the model on steps of this kind (partitioner and front end) for the target's compiler."""
+    front_end = "torch_xla" if is_torch_xla_module(prepared.source) else "jax"
+    return band_of(prepared.compiler, partitioner_of(prepared.source), front_end)
+
+
+def band_of(compiler: str, partitioner: str, front_end: str) -> Band | None:
+    """The sweep's signed error for this compiler on `partitioner/front_end` steps, widened by `VERDICT_MARGIN`."""
+    found = signed_error(compiler, f"{partitioner}/{front_end}")
+    if found is None:
+        return None
+    kind, num_cases, under, over = found
+    name = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
+    label = f"{name} {kind}" if kind != "all" else f"all of {name}'s"
+    return Band(label, num_cases, max(under - VERDICT_MARGIN, -0.95), over + VERDICT_MARGIN)
+
+
+def verify_command(mesh: Mesh | None, chip: str | None, capacity_bytes: int | None) -> str:
+    """The command that asks the compiler itself, for a verdict the band cannot decide."""
+    target = f"--chip {chip}" if chip else f"--hbm {capacity_bytes}B" if capacity_bytes is not None else ""
+    parts = ["spmd-planner plan STEP.hlo", f"--mesh {mesh.to_text()}" if mesh is not None else "", target, "--verify"]
+    return " ".join(p for p in parts if p)
 
 
 @dataclass(frozen=True)
