@@ -3,8 +3,9 @@
 Every candidate placement is re-simulated on its own (apply it to the IR,
 propagate again, size memory again). Candidates are then taken greedily,
 largest saving first, each kept only if the module with it and the ones kept
-before predicts at least `min_bytes` less HBM per chip; the rest stay in the
-plan, not recommended, with the numbers saying why. A placement that leaves
+before predicts less HBM per chip; the rest stay in the plan, not
+recommended, with the numbers saying why. A change set that saves less than
+`min_bytes` in all is not recommended either. A placement that leaves
 every sharding propagation decides as it was is never recommended, whatever
 the memory model says: XLA partitions that step exactly as it would without
 it (its Sharding custom-call is removed once propagation is done), so there
@@ -188,14 +189,14 @@ def _make_plan(
     if prepared.target.lends_unwritten_outputs:
         refused |= {p.id: UNCLAIMED_OUTPUT_WHY.format(prepared.target.name) for p in candidates
                     if p.kind == PIN_OUTPUT and p.id not in refused}  # fmt: skip
-    chosen, after, verdicts = _greedy(candidates, alone, refused, before, with_placements, min_bytes)
+    chosen, after, verdicts = _greedy(candidates, alone, refused, before, with_placements)
 
     alternatives = []
     pin_every = False
     every = list(pins.values())
     if every and {p.id for p in every} != {p.id for p in chosen}:
         everything = with_placements(every)
-        better = everything.total <= min(before.total, after.total) - min_bytes and changes_shardings(
+        better = everything.total < min(before.total, after.total) and changes_shardings(
             before.result, everything.result
         )
         alternatives.append(
@@ -204,7 +205,7 @@ def _make_plan(
                 placements=[p.id for p in every],
                 predicted_total=everything.total,
                 recommended=better,
-                why=_alternative_why(before, after, everything, min_bytes),
+                why=_alternative_why(before, after, everything),
             )
         )
         if better:
@@ -223,6 +224,16 @@ def _make_plan(
             candidates = every + [p for p in candidates if p not in every]
             chosen, after = every, everything
             pin_every = True
+    if chosen and before.total - after.total < min_bytes:
+        # A change set worth making saves at least what a finding must waste: below that the prediction is noise.
+        small = f"the change set saves less than {_mb(min_bytes)} per chip ({_mb(before.total)} -> {_mb(after.total)})"
+        verdicts = {
+            pid: (False, small) if recommended else (False, why) for pid, (recommended, why) in verdicts.items()
+        }
+        for alternative in alternatives:
+            if alternative.recommended:
+                alternative.recommended, alternative.why = False, small
+        chosen, after, pin_every = [], before, False
 
     def assemble(
         after: Simulation, verdicts: dict[str, tuple[bool, str]], pin_every: bool, withdrawn: str | None = None
@@ -337,9 +348,8 @@ def _greedy(
     refused: dict[str, str],
     before: Simulation,
     simulate_with: Callable[[list[Placement]], Simulation],
-    min_bytes: int,
 ) -> tuple[list[Placement], Simulation, dict[str, tuple[bool, str]]]:
-    """Largest saving first; each kept only if it lowers the prediction by `min_bytes` with the ones kept before.
+    """Largest saving first; each kept only if it lowers the prediction with the ones kept before.
 
     `refused` names the candidates never kept, with the reason.
     """
@@ -350,15 +360,14 @@ def _greedy(
         if p.id in refused:
             verdicts[p.id] = (False, refused[p.id])
             continue
-        if alone[p.id] > before.total - min_bytes:
+        if alone[p.id] >= before.total:
             verdicts[p.id] = (
                 False,
-                f"alone it does not lower predicted HBM per chip by {_mb(min_bytes)} or more "
-                f"({_mb(before.total)} -> {_mb(alone[p.id])})",
+                f"alone it does not lower predicted HBM per chip ({_mb(before.total)} -> {_mb(alone[p.id])})",
             )
             continue
         trial = simulate_with([*chosen, p])
-        if trial.total <= after.total - min_bytes:
+        if trial.total < after.total:
             chosen.append(p)
             verdicts[p.id] = (
                 True,
@@ -397,16 +406,16 @@ def _mb(n: int) -> str:
     return format_bytes(n)
 
 
-def _alternative_why(before_sim: Simulation, greedy_sim: Simulation, everything_sim: Simulation, min_bytes: int) -> str:
+def _alternative_why(before_sim: Simulation, greedy_sim: Simulation, everything_sim: Simulation) -> str:
     """Why pinning every scanned parameter is (or is not) the recommendation, in the terms `_make_plan` decides it."""
     if not changes_shardings(before_sim.result, everything_sim.result):
         return IDLE_WHY
     before, greedy, everything = before_sim.total, greedy_sim.total, everything_sim.total
     if everything > before:
         return f"costs memory instead of saving it: {_mb(before)} -> {_mb(everything)} per chip"
-    if everything > before - min_bytes:
-        return f"saves less than {_mb(min_bytes)} per chip: {_mb(before)} -> {_mb(everything)}"
-    if everything > greedy - min_bytes:
+    if everything == before:
+        return f"saves nothing: {_mb(before)} per chip either way"
+    if everything >= greedy:
         return f"saves no more than the placements that pay off one by one: {_mb(everything)} vs {_mb(greedy)} per chip"
     return (
         f"saves more than the placements that pay off one by one ({_mb(everything)} vs {_mb(greedy)} "
