@@ -196,16 +196,15 @@ def _make_plan(
     every = list(pins.values())
     if every and {p.id for p in every} != {p.id for p in chosen}:
         everything = with_placements(every)
-        better = everything.total < min(before.total, after.total) and changes_shardings(
-            before.result, everything.result
-        )
+        idle = not changes_shardings(before.result, everything.result)
+        better = everything.total < min(before.total, after.total) and not idle
         alternatives.append(
             AlternativeInfo(
                 name=PIN_EVERY_PARAMETER,
                 placements=[p.id for p in every],
                 predicted_total=everything.total,
                 recommended=better,
-                why=_alternative_why(before, after, everything),
+                why=IDLE_WHY if idle else _alternative_why(before.total, after.total, everything.total),
             )
         )
         if better:
@@ -406,11 +405,8 @@ def _mb(n: int) -> str:
     return format_bytes(n)
 
 
-def _alternative_why(before_sim: Simulation, greedy_sim: Simulation, everything_sim: Simulation) -> str:
-    """Why pinning every scanned parameter is (or is not) the recommendation, in the terms `_make_plan` decides it."""
-    if not changes_shardings(before_sim.result, everything_sim.result):
-        return IDLE_WHY
-    before, greedy, everything = before_sim.total, greedy_sim.total, everything_sim.total
+def _alternative_why(before: int, greedy: int, everything: int) -> str:
+    """Why pinning every scanned parameter, which changes shardings, is (or is not) the recommendation."""
     if everything > before:
         return f"costs memory instead of saving it: {_mb(before)} -> {_mb(everything)} per chip"
     if everything == before:
