@@ -41,7 +41,7 @@ class Band:
     """How far the model has been from the compiler on one kind of step: (ours - compiler) / compiler, signed.
 
     `under` is the most the model has predicted below the compiler (<= 0), `over` the most above (>= 0),
-    each already widened by the margin the verdict keeps (`planner.memory.accuracy`).
+    each already widened by the margin the verdict keeps (`VERDICT_MARGIN`, applied by `band_of`).
     """
 
     kind: str
