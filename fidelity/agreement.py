@@ -108,14 +108,14 @@ def sharding_agreement(
 
 def gradient_outputs_found(prepared: PreparedModule, plan: Plan) -> set[int]:
     """Output positions of the gradients the plan's findings are about: a gradient output itself, or the
-    outputs a stacked gradient's loop element reaches."""
+    outputs a stacked or accumulated gradient's loop element reaches."""
     from planner.plan.scan_pairs import output_positions
 
     covered: set[int] = set()
     for f in plan.findings:
         if f.kind == "gradient-output":
             covered.add(f.index)
-        elif f.kind == "stacked-gradient":
+        elif f.kind in ("stacked-gradient", "accumulated-gradient"):
             covered.update(output_positions(prepared.module, prepared.loop(f.loop), f.index))
     return covered
 

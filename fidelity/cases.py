@@ -183,10 +183,12 @@ class Case:
                 raise ValueError(f"{self.name}: {value!r} is not one of {allowed}")
         s = self.size
         if self.step == "toy":
-            if self.step_config() != _TOY_STEP_CONFIG:
+            # The toy step's one option is accumulation: its loss needs no batch of tokens.
+            if self.step_config() | {"microbatches": 1} != _TOY_STEP_CONFIG:
                 raise ValueError(
                     f"{self.name}: the toy step has no loss, batch or optimizer options: {self.step_config()}"
                 )
+            self._check_microbatches()
             return
         if self.cross_entropy is None or s.vocab_size == 0:
             raise ValueError(f"{self.name}: step={self.step!r} needs a cross_entropy and size.vocab_size")
@@ -206,14 +208,17 @@ class Case:
             )
         if self.optimizer is not None and self.front_end == "jax" and not self.pinned:
             raise ValueError(f"{self.name}: an optimizer step returns params and state pinned to their in_shardings")
-        per_step = self.microbatches * math.prod(map(self.mesh.size, self.mesh.batch_axes))
-        if self.microbatches < 1 or s.batch_size % per_step:
-            raise ValueError(
-                f"{self.name}: batch_size={s.batch_size} does not split into {self.microbatches} microbatches "
-                f"over {self.mesh}"
-            )
+        self._check_microbatches()
         if self.seq_parallel and (self.mesh.size("tp") == 1 or s.seq_len % self.mesh.size("tp")):
             raise ValueError(f"{self.name}: sequence parallelism splits seq_len={s.seq_len} over a tp axis")
+
+    def _check_microbatches(self) -> None:
+        per_step = self.microbatches * math.prod(map(self.mesh.size, self.mesh.batch_axes))
+        if self.microbatches < 1 or self.size.batch_size % per_step:
+            raise ValueError(
+                f"{self.name}: batch_size={self.size.batch_size} does not split into {self.microbatches} "
+                f"microbatches over {self.mesh}"
+            )
 
     def step_config(self) -> dict[str, object]:
         """What the step computes around the layer stack (`config()` records it for every step but the toy one)."""
@@ -262,6 +267,8 @@ class Case:
             record["torch_mode"] = self.torch_mode
         if self.step != "toy":
             record |= self.step_config()
+        elif self.microbatches > 1:
+            record["microbatches"] = self.microbatches
         return record
 
 
@@ -586,8 +593,37 @@ def ci_subset() -> tuple[Case, ...]:
     return tuple(cases)
 
 
+def accumulation_pairs() -> tuple[Case, ...]:
+    """Gradient accumulation, each step free and pinned: an outer lax.scan over microbatches around the
+    layer scan, gradients summed in f32. The free step is what a user hands over; the pinned one (every
+    gradient returned in its parameter's sharding) is what the plan's placements must bring it to.
+
+    The toy loss on 2D meshes, where XLA leaves the inner backward loop's stacked gradients and the
+    outer loop's accumulators split over tp alone, with and without remat; and a language model, where
+    XLA keeps them sharded and only the embedding's gradient is short (nothing to claim in the loops).
+    """
+    toy = ModelSize(4, 1024, 2816, 8, 2, 128, 16, 512, "float32")
+    lm = replace(toy, batch_size=8, vocab_size=8192)
+    cases = []
+    for step, k, remat, size, mesh in (
+        ("toy", 2, None, toy, MeshSpec((4, 2))),
+        ("toy", 4, "full", toy, MeshSpec((2, 4))),
+        ("lm", 2, None, lm, MeshSpec((4, 2))),
+    ):
+        for pinned in (False, True):
+            case = Case("", "jax", "gspmd", remat, size, mesh, "llama", pinned, "v6e", step=step,
+                        cross_entropy=None if step == "toy" else "take_along_axis", microbatches=k)  # fmt: skip
+            if step == "toy":
+                name = _name("jax", "llama", remat, size, "gspmd", mesh, pinned, f"_accum{k}")
+                cases.append(replace(case, name=name))
+            else:
+                cases.append(named(case))
+    return tuple(cases)
+
+
 CI_SUBSET: tuple[Case, ...] = ci_subset()
-CASES: tuple[Case, ...] = FIXTURE_CASES + grid() + CI_SUBSET + NEXT_STEP_CASES
+ACCUMULATION_CASES: tuple[Case, ...] = accumulation_pairs()
+CASES: tuple[Case, ...] = FIXTURE_CASES + grid() + CI_SUBSET + NEXT_STEP_CASES + ACCUMULATION_CASES
 CI_CASES: tuple[str, ...] = tuple(c.name for c in CI_SUBSET)
 
 

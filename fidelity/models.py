@@ -218,15 +218,23 @@ def jax_layer_stack(
     return stack
 
 
-def jax_toy_step(case: Case) -> Any:
-    """`train_step(params, x) -> (loss, grads)`: value_and_grad of mean(y**2) after the layer stack."""
-    import jax
+def jax_toy_loss(case: Case) -> Callable[[dict[str, Any], Any], Any]:
+    """`loss(params, x)`: mean(y**2) in f32 after the layer stack."""
     import jax.numpy as jnp
 
     stack = jax_layer_stack(case)
 
     def loss_fn(params: dict[str, Any], x: Any) -> Any:
         return jnp.mean(stack(x, params).astype(jnp.float32) ** 2)
+
+    return loss_fn
+
+
+def jax_toy_step(case: Case) -> Any:
+    """`train_step(params, x) -> (loss, grads)`: value_and_grad of the toy loss."""
+    import jax
+
+    loss_fn = jax_toy_loss(case)
 
     def train_step(params: dict[str, Any], x: Any) -> Any:
         return jax.value_and_grad(loss_fn)(params, x)

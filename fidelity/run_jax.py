@@ -65,8 +65,15 @@ FAMILY_NOTES = {
 def _step_notes(case: Case, args: tuple[Any, ...]) -> str:
     """What the step computes, in words, with the batch's and head's shardings."""
     if case.step == "toy":
+        grads = "value_and_grad(loss)"
+        if case.microbatches > 1:
+            grads = (
+                f"an outer lax.scan over {case.microbatches} microbatches (x reshaped [k, B/k, S, D] and "
+                "constrained P(None, batch, None, None)) of value_and_grad(loss), gradients accumulated in f32 "
+                "from zeros, loss and gradients divided by k"
+            )
         return (
-            "jit(value_and_grad(loss)) -> (loss, grads dict); loss=mean(y.astype(f32)**2); x sharded "
+            f"jit({grads}) -> (loss, grads dict); loss=mean(y.astype(f32)**2); x sharded "
             f"{_spec_text(args[1].sharding.spec)}, weights as in `params`"
         )
     batch = {k: _spec_text(v.sharding.spec) for k, v in args[-1].items()}

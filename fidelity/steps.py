@@ -1,6 +1,7 @@
 """A JAX case's whole training step: its arguments with their shardings, its jit options and its function.
 
-The toy step is `models.jax_toy_step`. The others wrap the layer stack in what users train:
+The toy step is `models.jax_toy_step` (with microbatches, its loss accumulated as below). The others
+wrap the layer stack in what users train:
 - a language model: int32 tokens [batch, seq + 1] (inputs and targets are the two shifted views), the
   embedding gathered per token, the stack, a final norm, the head (or the embedding's transpose when
   tied), cross-entropy in f32; with packing, segment ids and positions come with the tokens;
@@ -23,6 +24,7 @@ from fidelity.models import (
     jax_layer_stack,
     jax_param_shapes,
     jax_specs,
+    jax_toy_loss,
     jax_toy_step,
     layer_norm,
     on_mesh,
@@ -149,14 +151,17 @@ def jit_options(case: Case, mesh: Any, args: tuple[Any, ...]) -> dict[str, Any]:
 
 def train_step(case: Case, mesh: Any) -> Any:
     """The case's step function, for `jax.jit(..., **jit_options(...))`."""
-    if case.step == "toy":
+    if case.step == "toy" and case.microbatches == 1:
         return jax_toy_step(case)
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
     batch_axis = _batch_axis(case)
-    loss_fn = _vit_loss(case) if case.step == "vit" else _lm_loss(case, mesh)
+    if case.step == "toy":
+        loss_fn = jax_toy_loss(case)
+    else:
+        loss_fn = _vit_loss(case) if case.step == "vit" else _lm_loss(case, mesh)
 
     def gradients(params: dict[str, Any], batch: dict[str, Any]) -> tuple[Any, Any]:
         if case.microbatches == 1:

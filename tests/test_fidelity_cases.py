@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fidelity.cases import CASES, CI_SUBSET, Case, MeshSpec, ModelSize, grid, lm_grid
+from fidelity.cases import ACCUMULATION_CASES, CASES, CI_SUBSET, Case, MeshSpec, ModelSize, grid, lm_grid
 from fidelity.dumps import DUMP_PASS_RE, DUMP_PIPELINE_RE, ModuleDump, xla_flags
 from fidelity.hlo_text import parse_instruction, read_module, source_names
 from fidelity.references import ensure_references, reference_path
@@ -35,11 +35,29 @@ def lm_case(**changes: object) -> Case:
 
 
 def test_the_toy_cases_keep_their_names_and_configs() -> None:
-    toy = [[c.name, c.config()] for c in CASES if c.step == "toy"]
+    toy = [[c.name, c.config()] for c in CASES if c.step == "toy" and c.microbatches == 1]
     text = json.dumps(sorted(json.loads(json.dumps(toy))), sort_keys=True)
     assert len(toy) == 136
     assert hashlib.sha256(text.encode()).hexdigest() == TOY_CASES_FINGERPRINT
     assert all("step" not in config for _, config in toy)
+
+
+def test_accumulation_cases_come_free_and_pinned_and_record_their_microbatches() -> None:
+    by_name = {c.name: c for c in ACCUMULATION_CASES}
+    assert len(by_name) == len(ACCUMULATION_CASES) == 6
+    for case in ACCUMULATION_CASES:
+        assert case.microbatches > 1 and f"_accum{case.microbatches}_" in case.name
+        assert case.config()["microbatches"] == case.microbatches
+        twin = (
+            case.name.removesuffix("_free") + "_pinned"
+            if not case.pinned
+            else case.name.removesuffix("_pinned") + "_free"
+        )
+        assert by_name[twin].pinned != case.pinned and replace(by_name[twin], name="", pinned=False) == replace(
+            case, name="", pinned=False
+        )
+    with pytest.raises(ValueError, match="does not split into 3 microbatches"):
+        Case("x", "jax", "gspmd", None, ModelSize(4, batch_size=8), MeshSpec((4, 2)), microbatches=3)
 
 
 def test_case_names_are_unique_and_say_the_step() -> None:
@@ -102,7 +120,7 @@ def test_steps_are_checked_on_construction(changes: dict[str, object], message: 
 
 def test_toy_steps_refuse_step_options() -> None:
     with pytest.raises(ValueError, match="toy step has no loss"):
-        Case("x", "jax", "gspmd", None, ModelSize(4), microbatches=2)
+        Case("x", "jax", "gspmd", None, ModelSize(4), optimizer="adamw")
     with pytest.raises(ValueError, match=re.escape("names an axis twice")):
         MeshSpec((2, 2), ("fsdp", "fsdp"))
 

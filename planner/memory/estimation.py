@@ -31,6 +31,6 @@ def estimate_memory(prepared: PreparedModule, result: PropagationResult) -> Memo
 def memory_timeline(
     prepared: PreparedModule, result: PropagationResult, estimate: MemoryEstimate | None = None
 ) -> list[Timeline]:
-    """The entry's timeline, then one per While body of the entry (`estimate` when already made)."""
+    """The entry's timeline, then one per While body, nested ones too (`estimate` when already made)."""
     estimate = estimate if estimate is not None else estimate_memory(prepared, result)
     return timelines(prepared.module, result, estimate, prepared.target)

@@ -5,7 +5,9 @@ temporaries - aliased bytes, per device. Arguments are the entry parameters,
 outputs the buffers the entry root returns, temporaries the peak of
 everything else live at once, walking the entry computation in its order
 (text order is the schedule). A While holds its carried buffers for the whole
-loop and adds the peak of its body's own temporaries.
+loop and adds the peak of its body's own temporaries; a body's peak includes,
+at each While nested in it (the layer scan inside a scan over microbatches),
+that While's own body peak, innermost first.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from planner.hlo.ir import Computation, HloModule
+from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.memory.buffers import (
     Buffer,
@@ -148,19 +150,24 @@ def estimate_module(
             if loop_inst.name in positions:
                 at = positions[loop_inst.name]
                 buffers.append(Buffer(len(buffers), size, label, entry.name, leaf, None, "temporary", None, at, at))
-    # Body-local temporaries: their peak adds at the While's position.
-    for comp_name in {b.computation for b in buffers if b.start < 0} | (set(communication) - {entry.name}):
+    # Body-local temporaries: their peak adds at the While's position, in the entry or in the body the
+    # While is nested in. Innermost bodies first, so each outer body's peak holds its nested ones.
+    owner_of = {inst.name: comp.name for comp in module.computations for inst in comp.instructions
+                if inst.opcode == "while"}  # fmt: skip
+    local_comps = {b.computation for b in buffers if b.start < 0} | (set(communication) - {entry.name})
+    for comp_name in sorted(local_comps | set(model.body_of), key=lambda c: -_depth(c, model.body_of, owner_of)):
+        if comp_name not in model.body_of:
+            continue
         local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
         transient = [
             (span.start, span.end, widened_bytes(span.size_bytes, span.shape, backend))
             for span in communication.get(comp_name, [])
         ]
-        body_peaks[comp_name] = _local_peak(module.computation(comp_name), local, transient)
-    extra_at: dict[int, int] = {}
-    for comp_name, body_peak in body_peaks.items():
-        owner = model.body_of.get(comp_name)
-        if owner is not None and owner.name in positions:
-            extra_at[positions[owner.name]] = extra_at.get(positions[owner.name], 0) + body_peak
+        comp = module.computation(comp_name)
+        nested = _nested_peaks(comp, body_peaks, model.body_of)
+        if local or transient or nested:
+            body_peaks[comp_name] = _local_peak(comp, local, transient, nested)
+    extra_at = _nested_peaks(entry, body_peaks, model.body_of)
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
     peak, peak_position = peak_of_spans([(b.start, b.end, b.size_bytes) for b in temps], end_position, extra_at)
     # What on-chip memory holds at the peak is not HBM.
@@ -201,8 +208,30 @@ def aliased_outputs(module: HloModule) -> set[int]:
     return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
 
 
-def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[int, int, int]]) -> int:
-    """The body's peak of its own buffers and the partitioner's (start, end, bytes) spans."""
+def _depth(comp: str, body_of: dict[str, Instruction], owner_of: dict[str, str]) -> int:
+    """How many Whiles a computation is nested in (the entry: 0)."""
+    depth = 0
+    while comp in body_of and depth < 64:
+        comp, depth = owner_of[body_of[comp].name], depth + 1
+    return depth
+
+
+def _nested_peaks(comp: Computation, body_peaks: dict[str, int], body_of: dict[str, Instruction]) -> dict[int, int]:
+    """{position of a While in `comp`: its body's and condition's peaks}."""
+    positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
+    extra: dict[int, int] = {}
+    for body, peak in body_peaks.items():
+        owner = body_of.get(body)
+        if owner is not None and owner.name in positions and comp[owner.name] is owner:
+            extra[positions[owner.name]] = extra.get(positions[owner.name], 0) + peak
+    return extra
+
+
+def _local_peak(
+    comp: Computation, buffers: list[Buffer], transient: list[tuple[int, int, int]], nested: dict[int, int]
+) -> int:
+    """The body's peak of its own buffers, the partitioner's (start, end, bytes) spans and, at each
+    While nested in it, that While's body peak."""
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
     spans = list(transient)
     for b in buffers:
@@ -210,7 +239,7 @@ def _local_peak(comp: Computation, buffers: list[Buffer], transient: list[tuple[
         start = min(positions[n] for n in names)
         end = max([start] + [positions[u] for n in names for u in comp.users(n)])
         spans.append((start, end, b.size_bytes))
-    return peak_of_spans(spans, len(comp.instructions))[0]
+    return peak_of_spans(spans, len(comp.instructions), nested)[0]
 
 
 def peak_of_spans(

@@ -18,8 +18,9 @@ and outputs of 100 MiB, a While at position 7 carrying 40 MiB whose body peaks a
 own temporaries: the entry series is 170 MiB at position 7; the body series runs from 140 MiB (the
 body holding nothing of its own) up to 170 MiB where its 30 MiB are live.
 
-A While inside a loop body is not charged by the model beyond its carried buffers (its body's
-peak is added only for Whiles of the entry), so its body gets no series here either.
+A While nested in a loop body (the layer scan inside a scan over microbatches) is drawn the same
+way one level down: the model adds its body's peak at its position in the outer body, and its body's
+series meets the outer body's series there.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.hlo.ir import Computation, HloModule
-from planner.hlo.loops import while_loops
+from planner.hlo.loops import WhileLoop, while_loops
 from planner.memory.buffers import Buffer
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import widened_bytes
@@ -65,13 +66,28 @@ def timelines(
     entry = module.entry
     live = _live(len(entry.instructions), [(b.start, b.end, b.size_bytes) for b in _entry_temporaries(estimate)])
     local = _body_live(module, result, estimate, backend)
-    peaks = {name: max(values, default=0) for name, values in local.items()}
-    positions = {inst.name: k for k, inst in enumerate(entry.instructions)}
-    # The model adds a body's (and its condition's) peak at its While.
-    loops = [loop for loop in while_loops(module) if loop.computation == entry.name]
-    for loop in loops:
-        at = positions[loop.name]
-        live[at] += peaks.get(loop.body, 0) + peaks.get(loop.condition, 0)
+    nested: dict[str, list[WhileLoop]] = {}
+    for loop in while_loops(module):
+        nested.setdefault(loop.computation, []).append(loop)
+    own: dict[str, list[int]] = {entry.name: live}
+    peaks: dict[str, int] = {}
+
+    def with_nested(name: str) -> list[int]:
+        """The computation's own bytes live, plus at each While in it the peak of that While's body and
+        condition (innermost first, as the model adds them)."""
+        if name not in own:
+            comp = module.computation(name)
+            own[name] = list(local.get(name, [0] * len(comp.instructions)))
+        values = own[name]
+        positions = {inst.name: k for k, inst in enumerate(module.computation(name).instructions)}
+        for loop in nested.get(name, []):
+            for inner in (loop.body, loop.condition):
+                if inner not in peaks:
+                    peaks[inner] = max(with_nested(inner), default=0)
+            values[positions[loop.name]] += peaks[loop.body] + peaks[loop.condition]
+        return values
+
+    with_nested(entry.name)
     base = estimate.argument_bytes + estimate.output_bytes - estimate.alias_bytes
     on_chip = backend.alternate_memory_bytes
 
@@ -79,13 +95,22 @@ def timelines(
         return base + max(temporaries - on_chip, 0)
 
     series = [_series(entry, "entry", live, hbm)]
-    for loop in loops:
+    # Each body on top of what its parent holds at its While without the body's own peak.
+    pending = [(loop, live[k]) for loop in nested.get(entry.name, [])
+               for k in [_position(entry, loop.name)]]  # fmt: skip
+    while pending:
+        loop, at_while = pending.pop(0)
         body = module.computation(loop.body)
-        own = local.get(loop.body, [0] * len(body.instructions))
-        below = live[positions[loop.name]] - peaks.get(loop.body, 0)
+        below = at_while - peaks[loop.body]
+        values = [below + x for x in own[loop.body]]
         trips = f"{loop.trip_count} trips" if loop.trip_count is not None else "trip count unknown"
-        series.append(_series(body, f"body of {loop.name} ({trips})", [below + x for x in own], hbm))
+        series.append(_series(body, f"body of {loop.name} ({trips})", values, hbm))
+        pending += [(inner, values[_position(body, inner.name)]) for inner in nested.get(loop.body, [])]
     return series
+
+
+def _position(comp: Computation, name: str) -> int:
+    return next(k for k, inst in enumerate(comp.instructions) if inst.name == name)
 
 
 def _entry_temporaries(estimate: MemoryEstimate) -> list[Buffer]:

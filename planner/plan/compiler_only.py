@@ -19,10 +19,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from planner.hlo.ir import HloModule
-from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
+from planner.plan.findings import GRADIENT_KINDS, GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
 from planner.plan.manifest import Manifest
 from planner.plan.output_pairs import output_gradients
-from planner.plan.scan_pairs import output_positions, stacked_gradients
+from planner.plan.scan_pairs import accumulated_gradients, output_positions, stacked_gradients
 from planner.prepare import PreparedModule, prepare
 from planner.propagation import propagate
 
@@ -81,7 +81,9 @@ def _findings(
     result = propagate(prepared)
     module = prepared.module
     gradients = stacked_gradients(module, result, manifest, prepared.mesh)
-    found = buffer_findings(module, result, _num_devices(prepared), threshold, min_bytes, gradients=gradients)
+    accumulated = accumulated_gradients(module, result, gradients)
+    found = buffer_findings(module, result, _num_devices(prepared), threshold, min_bytes, gradients=gradients,
+                            accumulated=accumulated)  # fmt: skip
     found += output_findings(module, output_gradients(prepared, result), threshold, min_bytes)
     return Counter(_identity(module, prepared, f) for f in found)
 
@@ -136,7 +138,7 @@ def _causes(
 
 
 def _why(finding: Finding, groups: list[PassGroup]) -> str:
-    gradient = finding.kind in ("stacked-gradient", GRADIENT_OUTPUT)
+    gradient = finding.kind in GRADIENT_KINDS
     what = "shards this gradient like its parameter" if gradient else "splits this buffer"
     head = f"XLA:CPU {what}; XLA:TPU does not"
     if not groups:

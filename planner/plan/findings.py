@@ -2,7 +2,8 @@
 
 A stacked gradient (a backward loop's `[L, ...]` accumulator, see
 `scan_pairs`) is measured against its parameter's sharding: per layer, the
-gradient should be split exactly like the weight it updates. Any other large
+gradient should be split exactly like the weight it updates; so is an
+accumulated gradient (an outer loop's sum of it over microbatches). Any other large
 `[L, ...]` buffer a loop writes (saved activations, residuals) is measured
 against its bytes spread evenly over every device, the lower bound.
 """
@@ -18,15 +19,27 @@ from planner.memory.buffers import per_device_bytes
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest
 from planner.plan.output_pairs import OutputGradient
-from planner.plan.scan_pairs import StackedGradient, carried_loops, is_stacked, stacked_gradients
+from planner.plan.scan_pairs import (
+    AccumulatedGradient,
+    StackedGradient,
+    carried_loops,
+    is_stacked,
+    stacked_gradients,
+)
 from planner.propagation import PropagationResult
 
 GRADIENT_OUTPUT = "gradient-output"
+STACKED_GRADIENT = "stacked-gradient"
+ACCUMULATED_GRADIENT = "accumulated-gradient"
+# Kinds whose ideal is a parameter's sharding.
+GRADIENT_KINDS = (STACKED_GRADIENT, ACCUMULATED_GRADIENT, GRADIENT_OUTPUT)
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "stacked-gradient" | "large-buffer" | "gradient-output" (loop: the entry, index: its output)
+    # "stacked-gradient" | "accumulated-gradient" | "large-buffer" | "gradient-output" (loop: the entry,
+    # index: its output)
+    kind: str
     loop: str
     index: int
     instruction: str  # the body root operand that produces the element each iteration
@@ -56,14 +69,36 @@ def buffer_findings(
     manifest: Manifest | None = None,
     mesh: Mesh | None = None,
     gradients: list[StackedGradient] | None = None,
+    accumulated: list[AccumulatedGradient] | None = None,
 ) -> list[Finding]:
-    """Under-sharded carried buffers, stacked gradients first, largest waste first."""
+    """Under-sharded carried buffers, gradients first, largest waste first."""
     if threshold < 1:
         raise ValueError(f"threshold={threshold} must be at least 1 (a multiple of the ideal)")
     if gradients is None:
         gradients = stacked_gradients(module, result, manifest, mesh)
     by_key = {(g.loop, g.index): g for g in gradients}
     findings: list[Finding] = []
+    for a in accumulated or []:
+        if a.ideal is None:
+            continue
+        current, ideal = per_device_bytes(a.shape, a.sharding), per_device_bytes(a.shape, a.ideal)
+        if current > ideal * threshold and current - ideal >= min_bytes:
+            g = a.gradient
+            findings.append(
+                Finding(
+                    kind=ACCUMULATED_GRADIENT,
+                    loop=a.loop,
+                    index=a.index,
+                    instruction=a.update,
+                    shape=a.shape.to_text(with_layout=False),
+                    current_sharding=a.sharding.to_short_text() if a.sharding is not None else "{replicated}",
+                    ideal_sharding=a.ideal.to_short_text(),
+                    per_device_bytes=current,
+                    ideal_per_device_bytes=ideal,
+                    waste_bytes=current - ideal,
+                    matched_parameter=g.name or (g.parameter.key if g.parameter else None),
+                )
+            )
     for loop, shardings in carried_loops(module, result):
         body = module.computation(loop.body)
         invariant = invariant_elements(body)
@@ -75,7 +110,7 @@ def buffer_findings(
             gradient = by_key.get((loop.name, i))
             producer = body.root.operands[i] if body.root.opcode == "tuple" else body.root_name
             if gradient is not None and gradient.ideal is not None:
-                kind, ideal_sharding = "stacked-gradient", gradient.ideal.to_short_text()
+                kind, ideal_sharding = STACKED_GRADIENT, gradient.ideal.to_short_text()
                 ideal = per_device_bytes(leaf, gradient.ideal)
                 match = gradient.name or (gradient.parameter.key if gradient.parameter else None)
             else:
@@ -98,7 +133,7 @@ def buffer_findings(
                         matched_parameter=match,
                     )
                 )
-    findings.sort(key=lambda f: (f.kind != "stacked-gradient", -f.waste_bytes))
+    findings.sort(key=lambda f: (f.kind not in GRADIENT_KINDS, -f.waste_bytes))
     return findings
 
 

@@ -33,7 +33,7 @@ class RootCauseInfo(BaseModel):
 
 
 class FindingInfo(BaseModel):
-    kind: str = Field(description="stacked-gradient or large-buffer")
+    kind: str = Field(description="stacked-gradient, accumulated-gradient, large-buffer or gradient-output")
     loop: str
     index: int = Field(description="element of the While's carried tuple")
     instruction: str = Field(description="the body instruction producing the element each iteration")

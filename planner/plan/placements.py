@@ -7,6 +7,11 @@ Two kinds:
   `mark_sharding_with_gradients(weight, mesh, spec)` on the weight inside the
   scanned function; the gradient's pin is what keeps the weight-gradient dot
   from leaving the accumulator split over fewer devices.
+  Under gradient accumulation the same placement also pins each outer
+  loop's accumulator of that gradient (`acc + gradient`, in the outer body)
+  to the stacked parameter's sharding: the pin inside the backward body fixes
+  the stacked gradient, and the accumulator's own pin keeps the sum from
+  settling on another sharding across microbatches.
 - split a shard_as group: members that were tied only because they share a
   group id (torch_xla 2.9's scan uses one id per shape) get one group per
   (gradient, weight) pair, so each gradient follows its own weight.
@@ -15,13 +20,14 @@ Two kinds:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
 from planner.plan.manifest import AxisSpec
 from planner.plan.output_pairs import OutputGradient
-from planner.plan.scan_pairs import StackedGradient, is_shard_group_only, layer_sharding
+from planner.plan.scan_pairs import AccumulatedGradient, StackedGradient, is_shard_group_only, layer_sharding
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
 from planner.sharding.text import parse_sharding
@@ -65,8 +71,11 @@ class Placement:
     torch_pairs: tuple[tuple[str, ...], ...] = field(default=())  # shard_as pairs after a split
 
 
-def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | None:
-    """Pin the parameter of `gradient` (and so the gradient) to the parameter's sharding, per layer."""
+def pin_parameter(
+    module: HloModule, gradient: StackedGradient, accumulated: Sequence[AccumulatedGradient] = ()
+) -> Placement | None:
+    """Pin the parameter of `gradient` (and so the gradient) to the parameter's sharding, per layer;
+    and each accumulator of it in `accumulated` to the stacked parameter's sharding."""
     if gradient.ideal is None:
         return None
     annotations = []
@@ -78,13 +87,16 @@ def pin_parameter(module: HloModule, gradient: StackedGradient) -> Placement | N
     else:
         # No one-layer value to pin: pin the accumulator update itself.
         annotations.append(Annotation(gradient.body, gradient.producer, gradient.ideal.to_short_text()))
+    sums = [a for a in accumulated if a.gradient.key == gradient.key]
+    annotations += [Annotation(a.body, a.update, gradient.ideal.to_short_text()) for a in sums]
     who = gradient.name or (parameter.key if parameter is not None else gradient.key)
+    where = "inside the scanned body" + (" and on its accumulator over microbatches" if sums else "")
     spec = tuple(gradient.partition_spec) if gradient.partition_spec is not None else None
     return Placement(
         id=f"pin:{gradient.key}",
         kind="pin-parameter",
-        summary=f"pin {who} and its gradient to {gradient.ideal.to_short_text()} inside the scanned body",
-        fixes=(gradient.key,),
+        summary=f"pin {who} and its gradient to {gradient.ideal.to_short_text()} {where}",
+        fixes=(gradient.key, *(a.key for a in sums)),
         annotations=tuple(annotations),
         torch_pin=(
             TorchPin(gradient.name, spec, gradient.shape.dims[1:])

@@ -65,7 +65,7 @@ from planner.plan.placements import (
     split_group,
 )
 from planner.plan.root_cause import root_cause
-from planner.plan.scan_pairs import stacked_gradients
+from planner.plan.scan_pairs import accumulated_gradients, stacked_gradients
 from planner.plan.verdict import band_for, verdict, verify_command
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
@@ -155,17 +155,21 @@ def _make_plan(
     num_devices = before.memory.num_devices
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
     gradients = stacked_gradients(seen, before.result, manifest, mesh)
-    findings = buffer_findings(seen, before.result, num_devices, threshold, min_bytes, gradients=gradients)
+    accumulated = accumulated_gradients(seen, before.result, gradients)
+    findings = buffer_findings(seen, before.result, num_devices, threshold, min_bytes, gradients=gradients,
+                               accumulated=accumulated)  # fmt: skip
     returned = output_gradients(prepared, before.result)
     findings += output_findings(seen, returned, threshold, min_bytes)
     only_here = compiler_only(prepared, findings, threshold, min_bytes, manifest)
     names = name_table(seen, manifest, gradients=gradients)
     conflicts = shard_group_conflicts(prepared, before.result)
 
-    pins = {g.key: p for g in gradients if (p := pin_parameter(seen, g)) is not None}
-    # Candidates: gradients not already sharded like their parameter, returned gradients found
-    # under-sharded, and conflicting groups.
-    candidates = [pins[g.key] for g in gradients if g.key in pins and g.sharding != g.ideal]
+    pins = {g.key: p for g in gradients if (p := pin_parameter(seen, g, accumulated)) is not None}
+    # Candidates: gradients (or their accumulators) not already sharded like their parameter, returned
+    # gradients found under-sharded, and conflicting groups.
+    short = {g.key for g in gradients if g.sharding != g.ideal}
+    short |= {a.gradient.key for a in accumulated if a.sharding != a.ideal}
+    candidates = [pins[g.key] for g in gradients if g.key in pins and g.key in short]
     flagged = {f.index for f in findings if f.kind == GRADIENT_OUTPUT}
     candidates += [pin_output(seen, g) for g in returned if g.position in flagged]
     next_id = max_group_id(seen) + 1

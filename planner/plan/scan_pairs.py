@@ -14,6 +14,14 @@ Pairing an accumulator with its parameter:
   k-th accumulator of a shape is the gradient of the k-th scanned parameter
   of that shape. When the counts differ the pairing falls back to the
   best-sharded parameter of the shape and says so.
+
+Gradient accumulation nests the layer scan in a scan over microbatches: the
+backward loop runs inside the outer loop's body, and the outer loop carries
+one f32 accumulator per parameter, `acc + this microbatch's gradient` each
+iteration. An outer accumulator that sums a backward loop's stacked gradient
+is paired with that gradient's parameter (`accumulated_gradients`); it is not
+itself a stacked gradient even when the microbatch count equals the layer
+count.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from planner.sharding.hlo_sharding import HloSharding
 # Ops through which a value is still the same tensor, up to size-1 dims and dtype.
 _CARRIERS = frozenset("reshape bitcast broadcast copy convert".split())
 # Ops through which a carried element still reaches the step's outputs as that value.
-_TO_OUTPUT = _CARRIERS | {"slice", "transpose", "dynamic-slice", "multiply", "add", "subtract"}
+_TO_OUTPUT = _CARRIERS | {"slice", "transpose", "dynamic-slice", "multiply", "divide", "add", "subtract"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,27 @@ class StackedGradient:
     @property
     def key(self) -> str:
         return f"{self.loop}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class AccumulatedGradient:
+    """An outer loop's accumulator summing, each iteration, a nested backward loop's stacked gradient."""
+
+    loop: str
+    index: int
+    shape: ArrayShape
+    sharding: HloSharding | None
+    body: str
+    update: str  # the body root operand, accumulator + this iteration's gradient: what to pin
+    gradient: StackedGradient  # the nested loop's accumulator it sums, paired with the parameter
+
+    @property
+    def key(self) -> str:
+        return f"{self.loop}[{self.index}]"
+
+    @property
+    def ideal(self) -> HloSharding | None:
+        return self.gradient.ideal
 
 
 def is_stacked(shape: object, trip_count: int | None) -> bool:
@@ -186,13 +215,34 @@ def is_shard_group_only(s: HloSharding | None) -> bool:
 
 
 def output_positions(module: HloModule, loop: WhileLoop, index: int) -> list[int]:
-    """Entry root positions that element `index` of the loop's result flows to."""
+    """Entry root positions that element `index` of the loop's result flows to.
+
+    A loop nested in another loop's body (the layer scan inside a scan over microbatches) reaches the
+    outputs through the outer loop: the element flows to the body's root, which is the outer loop's
+    next carry, and from the outer loop's result on to the entry's root.
+    """
     comp = module.computation(loop.computation)
-    if comp.name != module.entry_name:
-        return []
+    positions = _root_positions(comp, loop.name, index)
+    if comp.name == module.entry_name:
+        return positions
+    reached: set[int] = set()
+    for outer in _loops_with_body(module, comp.name):
+        for position in positions:
+            # The whole root (-1) is the outer loop's whole carry: no single element to follow.
+            if position >= 0:
+                reached.update(output_positions(module, outer, position))
+    return sorted(reached)
+
+
+def _loops_with_body(module: HloModule, body: str) -> list[WhileLoop]:
+    return [loop for loop in while_loops(module) if loop.body == body]
+
+
+def _root_positions(comp: Computation, start: str, index: int) -> list[int]:
+    """Positions of `comp`'s root tuple that element `index` of `start`'s result flows to (-1: the root itself)."""
     root = comp.root
     positions: list[int] = []
-    frontier: list[tuple[str, int]] = [(loop.name, index)]
+    frontier: list[tuple[str, int]] = [(start, index)]
     seen: set[tuple[str, int]] = set()
     while frontier:
         name, element = frontier.pop()
@@ -236,16 +286,74 @@ def stacked_gradients(
                 continue
             assert isinstance(leaf, ArrayShape)
             same_shape = [p for p in params if p.shape.dims == leaf.dims and p.loop != loop.name]
-            positions = output_positions(module, loop, i)
-            if not same_shape or not positions:
-                continue
             producer = body.root.operands[i] if body.root.opcode == "tuple" else body.root_name
+            if not same_shape or summed_loop_element(body, i, producer) is not None:
+                continue
+            positions = output_positions(module, loop, i)
+            if not positions:
+                continue
             rank = taken.get(leaf.dims, 0)
             taken[leaf.dims] = rank + 1
             gradients.append(
                 _pair(module, loop, i, leaf, s, body, producer, same_shape, rank, positions, manifest, mesh)
             )
     return gradients
+
+
+def accumulated_gradients(
+    module: HloModule, result: PropagationResult, gradients: list[StackedGradient]
+) -> list[AccumulatedGradient]:
+    """Every loop element that sums, each iteration, a stacked gradient of a loop nested in its body."""
+    by_key = {g.key: g for g in gradients}
+    found = []
+    for loop, shardings in carried_loops(module, result):
+        body = module.computation(loop.body)
+        if body.root.opcode != "tuple":
+            continue
+        for i, (leaf, s) in enumerate(zip(loop.instruction.shape.elements, shardings)):  # type: ignore[union-attr]
+            if not isinstance(leaf, ArrayShape):
+                continue
+            summed = summed_loop_element(body, i, body.root.operands[i])
+            gradient = by_key.get(f"{summed[0]}[{summed[1]}]") if summed is not None else None
+            if gradient is not None and gradient.shape.dims == leaf.dims:
+                found.append(AccumulatedGradient(loop.name, i, leaf, s, body.name, body.root.operands[i], gradient))
+    return found
+
+
+def summed_loop_element(body: Computation, index: int, update: str) -> tuple[str, int] | None:
+    """(While, element) when the body's next carry `index` is `carry[index] + a nested While's element`."""
+    inst = body[_computed(body, update)]
+    if inst.opcode != "add" or len(inst.operands) != 2:
+        return None
+    sides = [_source(body, o) for o in inst.operands]
+    param = body.parameters[0].name if body.parameters else None
+    for mine, other in (sides, sides[::-1]):
+        if mine == (param, index) and other is not None and body[other[0]].opcode == "while":
+            return other
+    return None
+
+
+def _computed(body: Computation, name: str) -> str:
+    """The instruction a value is, through elements of tuples built in the body (JAX's call results)."""
+    for _ in range(32):
+        inst = body[name]
+        if inst.opcode != "get-tuple-element" or body[inst.operands[0]].opcode != "tuple":
+            return name
+        name = body[inst.operands[0]].operands[inst.attr("index")]
+    return name
+
+
+def _source(body: Computation, name: str) -> tuple[str, int] | None:
+    """(tuple-shaped instruction, element) a value is read from, through carriers; None if computed."""
+    for _ in range(32):
+        inst = body[_computed(body, name)]
+        if inst.opcode == "get-tuple-element":
+            return inst.operands[0], inst.attr("index")
+        if inst.opcode in _CARRIERS and len(inst.operands) == 1:
+            name = inst.operands[0]
+        else:
+            return None
+    return None
 
 
 def _pair(
