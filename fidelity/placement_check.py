@@ -20,7 +20,7 @@ from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
-from planner.plan.verify import allows_output_propagation, compile_with_xla
+from planner.plan.verify import OutputFlags, compile_with_xla, output_propagation
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _versions() -> str:
     return " ".join(found)
 
 
-def compiled_bytes(text: str, num_devices: int, allow_output: bool, topology: str | None) -> int:
+def compiled_bytes(text: str, num_devices: int, allow_output: OutputFlags, topology: str | None) -> int:
     """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
     ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one."""
     compiler = topology or f"cpu:{num_devices}"
@@ -89,7 +89,7 @@ def check_change_set(
     """The plan's change set compiled by the compiler the plan is for (XLA:TPU for `topology`, else XLA:CPU):
     `original` as given, `front` its inlined form the placements are written into, `patched` that form with the
     plan's recommended placements."""
-    allow_output = allows_output_propagation(original)
+    allow_output = output_propagation(original)
     as_given, before, after = (
         compiled_bytes(print_module(m), num_devices, allow_output, topology) for m in (original, front, patched)
     )

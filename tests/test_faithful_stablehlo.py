@@ -21,7 +21,7 @@ from planner.errors import UnfaithfulConversion
 from planner.hlo.compat import for_jaxlib_0_7
 from planner.hlo.parser import parse_hlo, parse_hlo_file
 from planner.hlo.seal import SealInstructions, SealLoopPassThrough
-from planner.plan.verify import Predicted, Texts, allows_output_propagation, compile_with_xla, verify_on_tpu
+from planner.plan.verify import Predicted, Texts, compile_with_xla, output_propagation, verify_on_tpu
 
 TRUTHS = sorted((CORPUS / "torch_xla").glob("*.truth.json"))
 ROUND_TRIP = Path(__file__).parent / "fixtures" / "round_trip"
@@ -37,7 +37,7 @@ def _leaves(whiles: list[dict]) -> list[list[str]]:
 def test_jaxlib_xla_cpu_on_the_faithful_stablehlo_allocates_torch_xlas_bytes(truth_path: Path) -> None:
     truth = json.loads(truth_path.read_text())
     text = (truth_path.parent / truth["hlo"]).read_text()
-    report = compile_with_xla(text, len(truth["mesh"]["device_ids"]), allows_output_propagation(parse_hlo(text)))
+    report = compile_with_xla(text, len(truth["mesh"]["device_ids"]), output_propagation(parse_hlo(text)))
     assert report["stablehlo"] == "faithful"
     assert report["allocated_bytes"] == truth["xla_per_device_total_bytes"]
     assert _leaves(report["while_shapes"]) == _leaves(truth["xla_post_partition_while_shapes"])

@@ -82,7 +82,7 @@ def test_verify_compiles_for_tpu_as_the_sweep_does() -> None:
     """`plan --verify` with a TPU preset compiles the HLO text with libtpu; the sweep compiles the same
     step through JAX's ahead-of-time API. Same compiler, same slice, same options: the same bytes."""
     from planner import parse_hlo
-    from planner.plan.verify import allows_output_propagation, compile_with_xla
+    from planner.plan.verify import compile_with_xla, output_propagation
 
     case = next(c for c in CI_SUBSET if c.front_end == "jax" and c.partitioner == "gspmd" and c.chip == "v6e")
     ensure_references([case])
@@ -90,7 +90,7 @@ def test_verify_compiles_for_tpu_as_the_sweep_does() -> None:
     sweep = json.loads(hlo.with_suffix(".xla.json").read_text())["tpu"]["memory"]
     text = hlo.read_text()
     report = compile_with_xla(
-        text, case.mesh.num_devices, allows_output_propagation(parse_hlo(text)), tpu_topology=case.tpu_topology
+        text, case.mesh.num_devices, output_propagation(parse_hlo(text)), tpu_topology=case.tpu_topology
     )
     assert "XLA:TPU" in report["xla"]
     assert (report["argument_bytes"], report["output_bytes"], report["temp_bytes"], report["total_bytes"]) == (

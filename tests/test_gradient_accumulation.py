@@ -23,7 +23,7 @@ from planner.hlo.printer import print_module
 from planner.memory import memory_timeline
 from planner.plan.planner import make_plan
 from planner.plan.scan_pairs import output_positions
-from planner.plan.verify import allows_output_propagation
+from planner.plan.verify import output_propagation
 from planner.prepare import prepare
 from planner.propagation import propagate
 
@@ -79,7 +79,7 @@ def test_the_placements_bring_the_step_to_its_pinned_variant(
 ) -> None:
     prepared, _, patched = _plan(FREE, backend)
     topology = FREE.tpu_topology if compiler == "tpu" else None
-    allow_output = allows_output_propagation(prepared.source)
+    allow_output = output_propagation(prepared.source)
     measured = compiled_bytes(print_module(patched), FREE.mesh.num_devices, allow_output, topology)
     free, pinned = _total(records[FREE.name], compiler), _total(records[PINNED.name], compiler)
     assert pinned < 0.8 * free  # the pinned variant is what there is to gain

@@ -38,6 +38,9 @@ from planner.plan.scan_pairs import StackedGradient
 from planner.plan.torch_xla_compile import host_budget_bytes, parameter_specs, parameters_fit_host
 from planner.scanner import Cursor
 
+# Propagation to the outputs: one flag for every output, or one per output.
+OutputFlags = bool | tuple[bool, ...]
+
 TIME_LIMIT_SECONDS = 600
 
 
@@ -76,7 +79,7 @@ def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
 def compile_with_xla(
     text: str,
     num_devices: int,
-    allow_output: bool,
+    allow_output: OutputFlags,
     timeout: float = TIME_LIMIT_SECONDS,
     tpu_topology: str | None = None,
 ) -> dict:
@@ -107,9 +110,13 @@ def compile_with_torch_xla(
     return _run("planner.plan.torch_xla_compile", request, timeout, "torch_xla")
 
 
-def allows_output_propagation(module: HloModule) -> bool:
-    """Whether the module's header lets propagation shard its outputs, as the compile it came from did."""
-    return any(module.attr("allow_spmd_sharding_propagation_to_output") or ())
+def output_propagation(module: HloModule) -> OutputFlags:
+    """Which outputs the module's header lets propagation shard, as the compile it came from did: one
+    flag for all when the header's flags agree, else one per output (JAX's step returning params and
+    optimizer state pinned and gradients free). Collapsing those into one flag would let XLA reshard a
+    donated output away from its input's size."""
+    flags = tuple(module.attr("allow_spmd_sharding_propagation_to_output") or (False,))
+    return flags[0] if len(set(flags)) == 1 else flags
 
 
 def libtpu_installed() -> bool:
@@ -144,7 +151,7 @@ def verify(
 
     Raises `Unverifiable` when no faithful compile is possible here (the message says why).
     """
-    allow_output = allows_output_propagation(original)
+    allow_output = output_propagation(original)
     start = time.perf_counter()
     texts = Texts(print_module(original), print_module(inlined), print_module(patched))
     torch_xla = is_torch_xla_module(original)
@@ -188,7 +195,7 @@ def _compile_each(texts: Texts, compile_text: Callable[[str], dict]) -> tuple[di
 
 
 def verify_on_tpu(
-    texts: Texts, num_devices: int, allow_output: bool, topology: str, predicted: Predicted
+    texts: Texts, num_devices: int, allow_output: OutputFlags, topology: str, predicted: Predicted
 ) -> tuple[TpuVerification | None, str | None]:
     """XLA:TPU on the given, inlined and patched modules' text, or why not: no libtpu, or a module jaxlib
     cannot be given as it is (the conversion's reason; a torch_xla module goes through `planner.plan.stablehlo`)."""

@@ -2,7 +2,7 @@
 
 Run as a subprocess (`python -m planner.plan.xla_compile`), one module per
 process: XLA reads its flags (device count, dump folder) once per process.
-Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL, "tpu_topology": T}`
+Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL or [BOOL, ...], "tpu_topology": T}`
 as JSON on stdin and prints one JSON line: XLA's version, compiled memory
 statistics (bytes per device), XLA:CPU's buffer allocations and each While's
 carried tuple per device right after SPMD partitioning; or `{"unfaithful":
@@ -92,7 +92,7 @@ def stablehlo_for(text: str, conversion: str | None = None) -> StableHlo:
 def compile_spmd(
     text: str,
     num_devices: int,
-    allow_output: bool = False,
+    allow_output: bool | tuple[bool, ...] = False,
     tpu_topology: str | None = None,
     conversion: str | None = None,
 ) -> tuple[Any, float]:
@@ -107,7 +107,11 @@ def compile_spmd(
 
 
 def _compile(
-    text: str, num_devices: int, allow_output: bool, tpu_topology: str | None, conversion: str | None
+    text: str,
+    num_devices: int,
+    allow_output: bool | tuple[bool, ...],
+    tpu_topology: str | None,
+    conversion: str | None,
 ) -> tuple[Any, float, StableHlo]:
     import jax
     from jax._src import compiler, xla_bridge
@@ -140,10 +144,18 @@ def _compile(
     )
     build = options.executable_build_options
     build.use_shardy_partitioner = False
-    if allow_output:
-        build.allow_spmd_sharding_propagation_to_output = [True]
+    # One flag for every output, or one per output as JAX passes them (params and optimizer state pinned,
+    # gradients free): XLA reads a list of one as applying to all.
+    flags = [allow_output] if isinstance(allow_output, bool) else list(allow_output)
+    if any(flags):
+        build.allow_spmd_sharding_propagation_to_output = flags
     executable = compile_fn(stablehlo.mlir, xla_client.DeviceList(chosen), options)
     return executable, time.perf_counter() - start, stablehlo
+
+
+def _flags(value: object) -> bool | tuple[bool, ...]:
+    """The request's `allow_output`: one flag, or a list of one per output."""
+    return tuple(bool(v) for v in value) if isinstance(value, list) else bool(value)
 
 
 def _libtpu_version() -> str:
@@ -188,7 +200,7 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
     import jaxlib
 
     executable, seconds, stablehlo = _compile(
-        request["hlo"], n, bool(request.get("allow_output")), topology, request.get("conversion")
+        request["hlo"], n, _flags(request.get("allow_output")), topology, request.get("conversion")
     )
     stats = executable.get_compiled_memory_stats()
     whiles = []

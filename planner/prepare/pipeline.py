@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from planner.hlo.compile_defaults import with_jax_compile_defaults
 from planner.hlo.inline import resolve_chains
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
@@ -128,7 +129,9 @@ def prepare(
     experiment that tells which pass changes a decision.
     """
     backend = backend_of(target)
-    warnings = tuple(mesh_warnings(module, mesh))
+    # JAX's lowered text leaves out the compile options jit passes beside it: restored before anything reads them.
+    module, assumed = with_jax_compile_defaults(module, mesh)
+    warnings = tuple(assumed) + tuple(mesh_warnings(module, mesh))
     mesh = resolve_mesh(module, mesh)
     _check_partitions(module, mesh)
     front, aliases, records = _run(module, (ShardyImport(),) if pass_input else FRONT_PASSES)
