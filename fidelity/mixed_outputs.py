@@ -122,6 +122,7 @@ def run(out: Path) -> None:
     shapes = jax.eval_shape(step, *args)
     record: dict[str, Any] = {"name": NAME, "cpu": {"total_bytes": _memory(compiled),
                                                      "output_shardings": _hlo_shardings(compiled, shapes)}}  # fmt: skip
+    assert CASE.tpu_topology is not None, "the case names a chip"
     topology = topologies.get_topology_desc(platform="tpu", topology_name=CASE.tpu_topology)
     tpu_mesh = Mesh(np.array(topology.devices[:8]).reshape(4, 2), ("fsdp", "tp"))
     step, args, options = _step(tpu_mesh)

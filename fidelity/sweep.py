@@ -27,6 +27,7 @@ from fidelity.agreement import (
     while_shape_mismatches,
 )
 from fidelity.cases import CASES, CI_CASES, Case, case_named
+from fidelity.lowered import lowered_form
 from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path
 from planner.hlo.ir import HloModule
@@ -55,6 +56,9 @@ class Row:
     placement: PlacementCheck | None = None
     # The plan for this compiler recommends a change set (None: no plan was made, as for torch_xla steps).
     recommends: bool | None = None
+    # JAX: the step as `lowered.as_text()` prints it (no compile options in the header) propagates to the
+    # same shardings and the same bytes as XLA's dump of the compile.
+    lowered_agrees: bool | None = None
 
     @property
     def error(self) -> float:
@@ -106,7 +110,9 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
             xla = record.get("instruction_shardings") or record.get("xla_instruction_shardings")
             shardings = sharding_agreement(prepared, result, xla) if xla and names else None
         total = memory_report(prepared, result=result).total_bytes
-        gradients, placement, recommends = None, None, None
+        gradients, placement, recommends, lowered = None, None, None, None
+        if case.front_end == "jax":
+            lowered = _lowered_agrees(hlo, backend, result, total)
         if case.front_end == "jax":
             gradients, (plan, patched) = _gradients_found(prepared, record, compiler)
             recommends = any(p.recommended for p in plan.placements)
@@ -115,8 +121,21 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
                 placement = check_change_set(module, prepared.front, patched, plan, case.mesh.num_devices, topology)
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
                         propagation_agreement(prepared, result, whiles), shardings, gradients, placement,
-                        recommends))  # fmt: skip
+                        recommends, lowered))  # fmt: skip
     return rows
+
+
+def _lowered_agrees(hlo: Path, backend: str, dump_result: PropagationResult, dump_total: int) -> bool:
+    """Whether the lowered form of the step (`fidelity.lowered`) propagates and sizes as XLA's dump does."""
+    from planner import parse_hlo
+    from planner.memory import memory_report
+    from planner.prepare import prepare
+    from planner.propagation import propagate
+
+    pasted = prepare(parse_hlo(lowered_form(hlo.read_text())), backend)
+    result = propagate(pasted)
+    same = {i.name: i.sharding for i in result.instructions} == {i.name: i.sharding for i in dump_result.instructions}
+    return same and memory_report(pasted, result=result).total_bytes == dump_total
 
 
 def _gradients_found(
@@ -234,7 +253,18 @@ def _goals(rows: list[Row]) -> list[str]:
         "",
         *(_recommendations(rows, compiler) for compiler in ("cpu", "tpu")),
         _verdicts(rows),
+        _lowered(rows),
     ]
+
+
+def _lowered(rows: list[Row]) -> str:
+    checked = [r for r in rows if r.lowered_agrees is not None]
+    differ = [f"{r.case.name} ({r.compiler})" for r in checked if not r.lowered_agrees]
+    return (
+        f"- JAX steps as `lowered.as_text()` prints them (no compile options in the header), read with JAX's "
+        f"defaults: the same shardings and bytes as XLA's dump of the compile on {len(checked) - len(differ)} of "
+        f"{len(checked)} case-compiler pairs" + (f" (not on {'; '.join(differ[:5])})" if differ else "") + "."
+    )
 
 
 def _verdicts(rows: list[Row]) -> str:

@@ -27,6 +27,7 @@ from planner.plan.scan_pairs import (
     stacked_gradients,
 )
 from planner.propagation import PropagationResult
+from planner.sharding.hlo_sharding import HloSharding
 
 GRADIENT_OUTPUT = "gradient-output"
 STACKED_GRADIENT = "stacked-gradient"
@@ -79,26 +80,12 @@ def buffer_findings(
     by_key = {(g.loop, g.index): g for g in gradients}
     findings: list[Finding] = []
     for a in accumulated or []:
-        if a.ideal is None:
-            continue
-        current, ideal = per_device_bytes(a.shape, a.sharding), per_device_bytes(a.shape, a.ideal)
-        if current > ideal * threshold and current - ideal >= min_bytes:
-            g = a.gradient
-            findings.append(
-                Finding(
-                    kind=ACCUMULATED_GRADIENT,
-                    loop=a.loop,
-                    index=a.index,
-                    instruction=a.update,
-                    shape=a.shape.to_text(with_layout=False),
-                    current_sharding=a.sharding.to_short_text() if a.sharding is not None else "{replicated}",
-                    ideal_sharding=a.ideal.to_short_text(),
-                    per_device_bytes=current,
-                    ideal_per_device_bytes=ideal,
-                    waste_bytes=current - ideal,
-                    matched_parameter=g.name or (g.parameter.key if g.parameter else None),
-                )
-            )
+        g = a.gradient
+        match = g.name or (g.parameter.key if g.parameter else None)
+        found = _against_parameter(ACCUMULATED_GRADIENT, a.loop, a.index, a.update, a.shape, a.sharding, a.ideal,
+                                   match, threshold, min_bytes)  # fmt: skip
+        if found is not None:
+            findings.append(found)
     for loop, shardings in carried_loops(module, result):
         body = module.computation(loop.body)
         invariant = invariant_elements(body)
@@ -143,22 +130,41 @@ def output_findings(
     """Returned gradients split over fewer devices than their parameter, largest waste first."""
     findings = []
     for g in gradients:
-        current, ideal = per_device_bytes(g.shape, g.sharding), per_device_bytes(g.shape, g.ideal)
-        waste = current - ideal
-        if current > ideal * threshold and waste >= min_bytes:
-            findings.append(
-                Finding(
-                    kind=GRADIENT_OUTPUT,
-                    loop=module.entry_name,
-                    index=g.position,
-                    instruction=g.value,
-                    shape=g.shape.to_text(with_layout=False),
-                    current_sharding=g.sharding.to_short_text() if g.sharding is not None else "{replicated}",
-                    ideal_sharding=g.ideal.to_short_text(),
-                    per_device_bytes=current,
-                    ideal_per_device_bytes=ideal,
-                    waste_bytes=waste,
-                    matched_parameter=g.parameter,
-                )
-            )
+        found = _against_parameter(GRADIENT_OUTPUT, module.entry_name, g.position, g.value, g.shape, g.sharding,
+                                   g.ideal, g.parameter, threshold, min_bytes)  # fmt: skip
+        if found is not None:
+            findings.append(found)
     return sorted(findings, key=lambda f: -f.waste_bytes)
+
+
+def _against_parameter(
+    kind: str,
+    loop: str,
+    index: int,
+    instruction: str,
+    shape: ArrayShape,
+    sharding: HloSharding | None,
+    ideal_sharding: HloSharding | None,
+    parameter: str | None,
+    threshold: float,
+    min_bytes: int,
+) -> Finding | None:
+    """A gradient measured against its parameter's sharding, when it wastes enough to report."""
+    if ideal_sharding is None:
+        return None
+    current, ideal = per_device_bytes(shape, sharding), per_device_bytes(shape, ideal_sharding)
+    if current <= ideal * threshold or current - ideal < min_bytes:
+        return None
+    return Finding(
+        kind=kind,
+        loop=loop,
+        index=index,
+        instruction=instruction,
+        shape=shape.to_text(with_layout=False),
+        current_sharding=sharding.to_short_text() if sharding is not None else "{replicated}",
+        ideal_sharding=ideal_sharding.to_short_text(),
+        per_device_bytes=current,
+        ideal_per_device_bytes=ideal,
+        waste_bytes=current - ideal,
+        matched_parameter=parameter,
+    )
