@@ -257,6 +257,35 @@ def _goals(rows: list[Row]) -> list[str]:
     ]
 
 
+def mixed_outputs_line() -> str:
+    """`plan --verify` on the step returning donated params and state pinned beside free gradients, in both forms
+    a user hands it over, on both compilers: what each compiled, beside JAX's own compile of the step."""
+    from fidelity import mixed_outputs
+    from planner import parse_hlo
+    from planner.plan.planner import make_plan
+    from planner.prepare import prepare
+
+    out = mixed_outputs.ensure_reference()
+    record = json.loads((out / f"{mixed_outputs.NAME}.xla.json").read_text())
+    cells = []
+    for form in ("hlo", "lowered.hlo"):
+        plan, _ = make_plan(prepare(parse_hlo((out / f"{mixed_outputs.NAME}.{form}").read_text()), "v6e"), verify=True)
+        checked = plan.verification
+        cpu = checked.given_total_bytes if checked is not None else None
+        tpu = checked.tpu.given_total_bytes if checked is not None and checked.tpu is not None else None
+        if cpu is None or tpu is None:
+            cells.append(f"{form}: verify did not compile ({plan.verification_skipped})")
+            continue
+        cells.append(f"{'XLA dump' if form == 'hlo' else 'lowered text'}: XLA:CPU {_mib(cpu)}, XLA:TPU {_mib(tpu)} "
+                     "MiB per chip")  # fmt: skip
+    return (
+        f"- Mixed pinned and free outputs ({mixed_outputs.NAME}: AdamW returning params and state pinned and "
+        f"donated, gradients free): `plan --verify` compiles it with a propagation flag per output; "
+        f"{'; '.join(cells)}. JAX's own compile of the step: XLA:CPU {_mib(record['cpu']['total_bytes'])}, "
+        f"XLA:TPU {_mib(record['tpu']['total_bytes'])} MiB per chip."
+    )
+
+
 def _lowered(rows: list[Row]) -> str:
     checked = [r for r in rows if r.lowered_agrees is not None]
     differ = [f"{r.case.name} ({r.compiler})" for r in checked if not r.lowered_agrees]
@@ -377,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     check = not args.no_placements and libtpu_installed()
     rows = [row for case in cases for row in predict(case, check_placements=check)]
     table = render(rows)
+    if check and not names:
+        table += "\n\n" + mixed_outputs_line()
     print(table)
     if args.write:
         write_section(args.write, f"{len(cases)} of {len(CASES)} cases.\n\n{table}")
