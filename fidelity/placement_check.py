@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from fidelity.references import cache_dir
+from fidelity.references import PROJECT_ROOT, cache_dir
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.plan.confirmation import confirms
@@ -73,7 +73,11 @@ def compiled_bytes(text: str, num_devices: int, allow_output: OutputFlags, topol
     """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
     ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one."""
     compiler = topology or f"cpu:{num_devices}"
-    key = hashlib.sha256(f"{compiler}\n{allow_output}\n{_versions()}\n{text}".encode()).hexdigest()[:20]
+    key_text = f"{compiler}\n{allow_output}\n{_versions()}\n{text}"
+    if not isinstance(allow_output, bool):
+        # Flags per output take a step of their own before the compile (planner.plan.free_outputs).
+        key_text += "\n" + hashlib.sha256((PROJECT_ROOT / "planner/plan/free_outputs.py").read_bytes()).hexdigest()
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
     path = cache_dir() / ("tpu_compiles" if topology else "cpu_compiles") / f"{key}.json"
     if path.exists():
         return int(json.loads(path.read_text())["total_bytes"])

@@ -149,7 +149,12 @@ def _compile(
     flags = [allow_output] if isinstance(allow_output, bool) else list(allow_output)
     if any(flags):
         build.allow_spmd_sharding_propagation_to_output = flags
-    executable = compile_fn(stablehlo.mlir, xla_client.DeviceList(chosen), options)
+    mlir = stablehlo.mlir
+    if not isinstance(allow_output, bool):
+        from planner.plan.free_outputs import unpin_free_outputs
+
+        mlir = unpin_free_outputs(mlir, allow_output)
+    executable = compile_fn(mlir, xla_client.DeviceList(chosen), options)
     return executable, time.perf_counter() - start, stablehlo
 
 
