@@ -10,6 +10,7 @@ sweep compiles only what changed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -69,14 +70,25 @@ def _versions() -> str:
     return " ".join(found)
 
 
+# The code between a module's text and the compiler: a change to it changes what XLA is given, so the bytes.
+COMPILE_PATH = ("planner/plan/verify.py", "planner/plan/xla_compile.py", "planner/plan/stablehlo.py",
+                "planner/plan/round_trip.py", "planner/plan/free_outputs.py", "planner/hlo/seal.py",
+                "planner/hlo/compat.py")  # fmt: skip
+
+
+@functools.cache
+def _compile_path() -> str:
+    digest = hashlib.sha256()
+    for source in COMPILE_PATH:
+        digest.update((PROJECT_ROOT / source).read_bytes())
+    return digest.hexdigest()
+
+
 def compiled_bytes(text: str, num_devices: int, allow_output: OutputFlags, topology: str | None) -> int:
     """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
     ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one."""
     compiler = topology or f"cpu:{num_devices}"
-    key_text = f"{compiler}\n{allow_output}\n{_versions()}\n{text}"
-    if not isinstance(allow_output, bool):
-        # Flags per output take a step of their own before the compile (planner.plan.free_outputs).
-        key_text += "\n" + hashlib.sha256((PROJECT_ROOT / "planner/plan/free_outputs.py").read_bytes()).hexdigest()
+    key_text = f"{compiler}\n{allow_output}\n{_versions()}\n{_compile_path()}\n{text}"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
     path = cache_dir() / ("tpu_compiles" if topology else "cpu_compiles") / f"{key}.json"
     if path.exists():

@@ -69,7 +69,8 @@ def with_jax_compile_defaults(module: HloModule, mesh: Mesh | None = None) -> tu
     if any(a.key == NUM_PARTITIONS for a in added):
         source = "the mesh" if mesh is not None else "the module's shardings"
         note += f"; num_partitions={partitions} from {source}"
-    ambiguous = [i for i in free if module.entry.root.sharding is not None]
+    # With a sharding on the root, every free output read {replicated} there.
+    ambiguous = free if module.entry.root.sharding is not None else []
     if ambiguous:
         note += (
             f". {_outputs(ambiguous).capitalize()} read {{replicated}}, which JAX writes both for an unspecified "

@@ -154,10 +154,7 @@ def estimate_module(
     # While is nested in. Innermost bodies first, so each outer body's peak holds its nested ones.
     owner_of = {inst.name: comp.name for comp in module.computations for inst in comp.instructions
                 if inst.opcode == "while"}  # fmt: skip
-    local_comps = {b.computation for b in buffers if b.start < 0} | (set(communication) - {entry.name})
-    for comp_name in sorted(local_comps | set(model.body_of), key=lambda c: -_depth(c, model.body_of, owner_of)):
-        if comp_name not in model.body_of:
-            continue
+    for comp_name in sorted(model.body_of, key=lambda c: -_depth(c, model.body_of, owner_of)):
         local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
         transient = [
             (span.start, span.end, widened_bytes(span.size_bytes, span.shape, backend))

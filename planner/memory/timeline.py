@@ -66,28 +66,18 @@ def timelines(
     entry = module.entry
     live = _live(len(entry.instructions), [(b.start, b.end, b.size_bytes) for b in _entry_temporaries(estimate)])
     local = _body_live(module, result, estimate, backend)
+    # The model's body peaks (nested loops' included): each adds at its While, in the entry or in the body
+    # the While is nested in.
+    peaks = estimate.body_peak_bytes
     nested: dict[str, list[WhileLoop]] = {}
+    own: dict[str, list[int]] = {entry.name: live}
     for loop in while_loops(module):
         nested.setdefault(loop.computation, []).append(loop)
-    own: dict[str, list[int]] = {entry.name: live}
-    peaks: dict[str, int] = {}
-
-    def with_nested(name: str) -> list[int]:
-        """The computation's own bytes live, plus at each While in it the peak of that While's body and
-        condition (innermost first, as the model adds them)."""
-        if name not in own:
-            comp = module.computation(name)
-            own[name] = list(local.get(name, [0] * len(comp.instructions)))
-        values = own[name]
-        positions = {inst.name: k for k, inst in enumerate(module.computation(name).instructions)}
-        for loop in nested.get(name, []):
-            for inner in (loop.body, loop.condition):
-                if inner not in peaks:
-                    peaks[inner] = max(with_nested(inner), default=0)
-            values[positions[loop.name]] += peaks[loop.body] + peaks[loop.condition]
-        return values
-
-    with_nested(entry.name)
+        for name in (loop.computation, loop.body):
+            if name not in own:
+                own[name] = list(local.get(name, [0] * len(module.computation(name).instructions)))
+        at = _position(module.computation(loop.computation), loop.name)
+        own[loop.computation][at] += peaks.get(loop.body, 0) + peaks.get(loop.condition, 0)
     base = estimate.argument_bytes + estimate.output_bytes - estimate.alias_bytes
     on_chip = backend.alternate_memory_bytes
 
@@ -101,7 +91,7 @@ def timelines(
     while pending:
         loop, at_while = pending.pop(0)
         body = module.computation(loop.body)
-        below = at_while - peaks[loop.body]
+        below = at_while - peaks.get(loop.body, 0)
         values = [below + x for x in own[loop.body]]
         trips = f"{loop.trip_count} trips" if loop.trip_count is not None else "trip count unknown"
         series.append(_series(body, f"body of {loop.name} ({trips})", values, hbm))

@@ -17,7 +17,8 @@ kept, the second with no sharding.
 from __future__ import annotations
 
 import io
-from typing import Any
+
+from planner.plan.stablehlo import _entries
 
 
 def unpin_free_outputs(mlir: bytes, flags: tuple[bool, ...]) -> bytes:
@@ -40,7 +41,3 @@ def unpin_free_outputs(mlir: bytes, flags: tuple[bool, ...]) -> bytes:
         out = io.BytesIO()
         module.operation.write_bytecode(out)
         return out.getvalue()
-
-
-def _entries(attr: Any) -> dict[str, Any]:
-    return {attr[i].name: attr[i].attr for i in range(len(attr))}

@@ -221,21 +221,23 @@ def output_positions(module: HloModule, loop: WhileLoop, index: int) -> list[int
     outputs through the outer loop: the element flows to the body's root, which is the outer loop's
     next carry, and from the outer loop's result on to the entry's root.
     """
-    comp = module.computation(loop.computation)
-    positions = _root_positions(comp, loop.name, index)
-    if comp.name == module.entry_name:
+    return _positions_from(module, loop.computation, loop.name, index)
+
+
+def _positions_from(module: HloModule, comp_name: str, start: str, index: int) -> list[int]:
+    positions = _root_positions(module.computation(comp_name), start, index)
+    if comp_name == module.entry_name:
         return positions
     reached: set[int] = set()
-    for outer in _loops_with_body(module, comp.name):
-        for position in positions:
+    for comp in module.computations:
+        for inst in comp.instructions:
+            if inst.opcode != "while" or inst.attr("body").names[0] != comp_name:
+                continue
             # The whole root (-1) is the outer loop's whole carry: no single element to follow.
-            if position >= 0:
-                reached.update(output_positions(module, outer, position))
+            for position in positions:
+                if position >= 0:
+                    reached.update(_positions_from(module, comp.name, inst.name, position))
     return sorted(reached)
-
-
-def _loops_with_body(module: HloModule, body: str) -> list[WhileLoop]:
-    return [loop for loop in while_loops(module) if loop.body == body]
 
 
 def _root_positions(comp: Computation, start: str, index: int) -> list[int]:
