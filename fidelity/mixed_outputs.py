@@ -7,8 +7,9 @@ shardings (donated) beside the gradients, left free for XLA to shard, and the lo
         -> (new params, new state, grads, loss)
 
 so XLA compiles it with one propagation flag per output (`{false,...,true,...,false}`). Written in both
-forms a user hands over: NAME.hlo (XLA's dump header, flags included) and NAME.lowered.hlo (what
-`lowered.as_text(dialect="hlo")` prints, no flags); NAME.xla.json holds each compiler's bytes per device
+forms a user hands over: NAME.hlo (XLA's dump header, flags included), NAME.lowered.hlo (what
+`lowered.as_text(dialect="hlo")` prints, no flags) and NAME.stablehlo.mlir (what `lowered.as_text()`
+prints); NAME.xla.json holds each compiler's bytes per device
 and output shardings. Cached by content like the grid's references.
 
     python -m fidelity.mixed_outputs --out DIR
@@ -118,6 +119,7 @@ def run(out: Path) -> None:
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{NAME}.lowered.hlo").write_text(text)
+    (out / f"{NAME}.stablehlo.mlir").write_text(str(lowered.as_text()))
     (out / f"{NAME}.hlo").write_text(header + "\n" + text.partition("\n")[2])
     shapes = jax.eval_shape(step, *args)
     record: dict[str, Any] = {"name": NAME, "cpu": {"total_bytes": _memory(compiled),

@@ -30,6 +30,7 @@ from fidelity.cases import CASES, CI_CASES, Case, case_named
 from fidelity.lowered import lowered_form
 from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path
+from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
 from planner.hlo.ir import HloModule
 from planner.plan.confirmation import CONFIRMED_SHARE
 from planner.plan.model import Plan
@@ -56,9 +57,11 @@ class Row:
     placement: PlacementCheck | None = None
     # The plan for this compiler recommends a change set (None: no plan was made, as for torch_xla steps).
     recommends: bool | None = None
-    # JAX: the step as `lowered.as_text()` prints it (no compile options in the header) propagates to the
-    # same shardings and the same bytes as XLA's dump of the compile.
+    # JAX: the step as `lowered.as_text(dialect="hlo")` prints it (no compile options in the header)
+    # propagates to the same shardings and the same bytes as XLA's dump of the compile.
     lowered_agrees: bool | None = None
+    # JAX: the same for the step as `lowered.as_text()` prints it by default (StableHLO text).
+    stablehlo_agrees: bool | None = None
 
     @property
     def error(self) -> float:
@@ -110,10 +113,10 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
             xla = record.get("instruction_shardings") or record.get("xla_instruction_shardings")
             shardings = sharding_agreement(prepared, result, xla) if xla and names else None
         total = memory_report(prepared, result=result).total_bytes
-        gradients, placement, recommends, lowered = None, None, None, None
+        gradients, placement, recommends, lowered, stablehlo = None, None, None, None, None
         if case.front_end == "jax":
             lowered = _lowered_agrees(hlo, backend, result, total)
-        if case.front_end == "jax":
+            stablehlo = _stablehlo_agrees(case, backend, result, total)
             gradients, (plan, patched) = _gradients_found(prepared, record, compiler)
             recommends = any(p.recommended for p in plan.placements)
             topology = case.tpu_topology if compiler == "tpu" else None
@@ -121,7 +124,7 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
                 placement = check_change_set(module, prepared.front, patched, plan, case.mesh.num_devices, topology)
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
                         propagation_agreement(prepared, result, whiles), shardings, gradients, placement,
-                        recommends, lowered))  # fmt: skip
+                        recommends, lowered, stablehlo))  # fmt: skip
     return rows
 
 
@@ -135,6 +138,23 @@ def _lowered_agrees(hlo: Path, backend: str, dump_result: PropagationResult, dum
     pasted = prepare(parse_hlo(lowered_form(hlo.read_text())), backend)
     result = propagate(pasted)
     same = {i.name: i.sharding for i in result.instructions} == {i.name: i.sharding for i in dump_result.instructions}
+    return same and memory_report(pasted, result=result).total_bytes == dump_total
+
+
+def _stablehlo_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_total: int) -> bool:
+    """Whether the StableHLO form of the step (`fidelity.stablehlo_forms`) propagates and sizes as XLA's dump
+    does. Its instructions are the dump's in the same order under generic names (`as_text()` prints no
+    locations), so they are compared in order."""
+    from planner import parse_hlo
+    from planner.memory import memory_report
+    from planner.prepare import prepare
+    from planner.propagation import propagate
+
+    pasted = prepare(parse_hlo(stablehlo_path(case).read_text()), backend)
+    result = propagate(pasted)
+    same = [(i.opcode, i.sharding) for i in result.instructions] == [
+        (i.opcode, i.sharding) for i in dump_result.instructions
+    ]
     return same and memory_report(pasted, result=result).total_bytes == dump_total
 
 
@@ -268,7 +288,8 @@ def mixed_outputs_line() -> str:
     out = mixed_outputs.ensure_reference()
     record = json.loads((out / f"{mixed_outputs.NAME}.xla.json").read_text())
     cells = []
-    for form in ("hlo", "lowered.hlo"):
+    forms = {"hlo": "XLA dump", "lowered.hlo": "lowered HLO text", "stablehlo.mlir": "StableHLO text"}
+    for form, label in forms.items():
         plan, _ = make_plan(prepare(parse_hlo((out / f"{mixed_outputs.NAME}.{form}").read_text()), "v6e"), verify=True)
         checked = plan.verification
         cpu = checked.given_total_bytes if checked is not None else None
@@ -276,8 +297,7 @@ def mixed_outputs_line() -> str:
         if cpu is None or tpu is None:
             cells.append(f"{form}: verify did not compile ({plan.verification_skipped})")
             continue
-        cells.append(f"{'XLA dump' if form == 'hlo' else 'lowered text'}: XLA:CPU {_mib(cpu)}, XLA:TPU {_mib(tpu)} "
-                     "MiB per chip")  # fmt: skip
+        cells.append(f"{label}: XLA:CPU {_mib(cpu)}, XLA:TPU {_mib(tpu)} MiB per chip")
     return (
         f"- Mixed pinned and free outputs ({mixed_outputs.NAME}: AdamW returning params and state pinned and "
         f"donated, gradients free): `plan --verify` compiles it with a propagation flag per output; "
@@ -287,12 +307,18 @@ def mixed_outputs_line() -> str:
 
 
 def _lowered(rows: list[Row]) -> str:
-    checked = [r for r in rows if r.lowered_agrees is not None]
-    differ = [f"{r.case.name} ({r.compiler})" for r in checked if not r.lowered_agrees]
+    def agree(attribute: str) -> str:
+        checked = [r for r in rows if getattr(r, attribute) is not None]
+        differ = [f"{r.case.name} ({r.compiler})" for r in checked if not getattr(r, attribute)]
+        return f"{len(checked) - len(differ)} of {len(checked)} case-compiler pairs" + (
+            f" (not on {'; '.join(differ[:5])})" if differ else ""
+        )
+
     return (
-        f"- JAX steps as `lowered.as_text()` prints them (no compile options in the header), read with JAX's "
-        f"defaults: the same shardings and bytes as XLA's dump of the compile on {len(checked) - len(differ)} of "
-        f"{len(checked)} case-compiler pairs" + (f" (not on {'; '.join(differ[:5])})" if differ else "") + "."
+        f'- JAX steps as `lowered.as_text(dialect="hlo")` prints them (no compile options in the header), read '
+        f"with JAX's defaults: the same shardings and bytes as XLA's dump of the compile on "
+        f"{agree('lowered_agrees')}. As `lowered.as_text()` prints them (StableHLO text, each output's flag read "
+        f"from its result's sharding attribute): the same on {agree('stablehlo_agrees')}."
     )
 
 
@@ -403,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"{len(failed)} references failed: {', '.join(failed)}", file=sys.stderr)
         return 1
+    ensure_stablehlo_forms([c for c in cases if c.front_end == "jax"])
     check = not args.no_placements and libtpu_installed()
     rows = [row for case in cases for row in predict(case, check_placements=check)]
     table = render(rows)

@@ -8,6 +8,8 @@ Grammar (as XLA prints it):
     signature    := '(' [param (',' param)*] ')' '->' shape
     param        := name[':'] shape | '%'name shape
 
+StableHLO text (`lowered.as_text()`) is converted to HLO first (`planner.hlo.stablehlo_text`).
+
 Instructions are read by `instruction_parser`, attributes by
 `attribute_parser`. A reference to an undefined instruction or computation (or
 to one defined later: XLA's parser reads callees first), a duplicate name or a
@@ -31,6 +33,7 @@ from planner.hlo.opcode_attributes import module_attribute_problem
 from planner.hlo.parse_state import ParseState, Scope, gc_paused
 from planner.hlo.shape_inference import compatible
 from planner.hlo.shapes import Shape, parse_shape
+from planner.hlo.stablehlo_text import is_stablehlo_text, read_stablehlo
 from planner.scanner import skip_balanced
 
 _HEADER = re.compile(r"HloModule\b")
@@ -45,9 +48,11 @@ _SIGNATURE_NAME = re.compile(
 
 
 def parse_hlo(text: str, source: str = "") -> HloModule:
-    """Parses HLO module text; raises HloParseError with line and column."""
+    """Parses HLO module text, or StableHLO text by way of jaxlib; raises HloParseError with line and column."""
     if "\x00" in text:
         raise HloParseError.at(text, text.index("\x00"), "NUL byte in HLO text", source)
+    if is_stablehlo_text(text):
+        text = read_stablehlo(text, source)
     with gc_paused():
         return _parse_module(ParseState(text, source))
 
