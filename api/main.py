@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     add_local_docs(app)
-    app.add_middleware(RequestLog)
+    app.add_middleware(RequestLog, log_format=settings.log_format)
     app.state.settings = settings
     app.state.store = PlanStore(settings.db_path)
     app.state.workers = PlanWorkers(settings.max_workers, settings.time_limit_seconds)

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from planner.errors import HloParseError, PlannerError
+from planner.errors import TOO_DEEP, HloParseError, PlannerError
 from planner.hlo.parser import parse_hlo
 from planner.hlo.printer import print_module
 from planner.mesh import Mesh
@@ -32,6 +32,8 @@ def plan_job(job: dict[str, Any]) -> dict[str, Any]:
         return {"status": 422, "message": str(e), "line": e.line, "column": e.column}
     except (PlannerError, ValueError) as e:
         return {"status": 422, "message": str(e)}
+    except RecursionError:
+        return {"status": 422, "message": TOO_DEEP}
     return {"plan_json": plan.model_dump_json(), "patched": print_module(patched)}
 
 

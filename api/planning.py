@@ -22,6 +22,8 @@ def hlo_from_upload(data: bytes, limit: int) -> str:
             raise JobFailed(422, f"the uploaded file looks gzip-compressed but does not decompress: {e}") from None
         if len(data) > limit or inflater.unconsumed_tail:
             raise JobFailed(413, f"the HLO text is larger than {limit:,} bytes once decompressed")
+        if not inflater.eof:
+            raise JobFailed(422, "the uploaded gzip file ends before its end-of-stream marker (cut short?)")
     elif len(data) > limit:
         raise JobFailed(413, f"the HLO text is larger than {limit:,} bytes")
     try:

@@ -2,21 +2,59 @@
 
 Routes that serve a plan say which through `request.state` (`plan_id`, `cached`); the line is
 written when the response starts, on the `spmd_planner.api` logger.
+
+One request is one line whatever its path holds: the path is URL-decoded by the server, so
+`/plans/x%0A...` reaches here with a newline that would start a second, forged line, and `%00` a raw
+NUL. Text lines write control characters as escapes (`\\n`, `\\x00`, `\\x7f`); JSON lines
+(`SPMD_PLANNER_LOG_FORMAT=json`) escape them as JSON does, one object a line:
+
+    GET /plans/x\\n2026-01-01 POST /plan 404 0.4 ms
+    {"method": "GET", "path": "/plans/x\\n2026-01-01 POST /plan", "status": 404, "ms": 0.4}
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("spmd_planner.api")
 
+LogFormat = Literal["text", "json"]
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character (C0, DEL, C1) and backslash written as an escape: one printable line."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[ch])
+        elif code < 0x20 or 0x7F <= code < 0xA0 or ch in "\u2028\u2029":
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def log_line(fields: dict[str, Any], log_format: LogFormat) -> str:
+    """The request's line: `METHOD PATH STATUS MS ms [plan=ID cached=BOOL]`, or one JSON object."""
+    if log_format == "json":
+        return json.dumps(fields, ensure_ascii=True)
+    extra = ""
+    if "plan_id" in fields:
+        extra = f" plan={escaped(str(fields['plan_id']))} cached={str(fields['cached']).lower()}"
+    return f"{escaped(fields['method'])} {escaped(fields['path'])} {fields['status']} {fields['ms']:.1f} ms{extra}"
+
 
 class RequestLog:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, log_format: LogFormat = "text") -> None:
         self.app = app
+        self.log_format = log_format
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -35,8 +73,12 @@ class RequestLog:
             await self.app(scope, receive, logged_send)
         finally:
             state = scope.get("state", {})
-            extra = ""
+            fields: dict[str, Any] = {
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": status,
+                "ms": round((time.perf_counter() - start) * 1000, 1),
+            }
             if "plan_id" in state:
-                extra = f" plan={state['plan_id']} cached={str(state.get('cached', False)).lower()}"
-            ms = (time.perf_counter() - start) * 1000
-            log.info("%s %s %d %.1f ms%s", scope["method"], scope["path"], status, ms, extra)
+                fields.update(plan_id=state["plan_id"], cached=bool(state.get("cached", False)))
+            log.info("%s", log_line(fields, self.log_format))

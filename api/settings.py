@@ -3,6 +3,7 @@
 SPMD_PLANNER_DB_PATH=/var/lib/spmd-planner/plans.sqlite3
 SPMD_PLANNER_TOKEN=...            # bearer token required for POST (unset: open)
 SPMD_PLANNER_TIME_LIMIT_SECONDS=120
+SPMD_PLANNER_LOG_FORMAT=json      # request log as one JSON object a line (default: text)
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from api.request_log import LogFormat
 
 
 def default_db_path() -> Path:
@@ -31,6 +34,7 @@ class Settings(BaseSettings):
     token: str | None = Field(default=None, description="bearer token required for POST; unset: no auth")
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty: CORS off")
     page_size: int = Field(default=20, ge=1, le=500)
+    log_format: LogFormat = Field(default="text", description="request log lines: text, or one JSON object a line")
 
 
 @cache

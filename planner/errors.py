@@ -70,3 +70,8 @@ class Unverifiable(PlanningError):
 
 class UnfaithfulConversion(Unverifiable):
     """The module has no StableHLO that jaxlib turns back into it, so jaxlib's compilers cannot compile it as given."""
+
+
+# What a recursion that ran out of stack reports: the parser bounds tuple nesting, so reaching this means
+# another walk met a structure deeper than any real module's.
+TOO_DEEP = "the module nests too deeply for the planner (a recursive walk ran out of stack)"

@@ -99,6 +99,36 @@ def test_parse_errors_are_422_with_line_and_column(tmp_path: Path) -> None:
     assert upload.status_code == 422 and upload.json()["line"] == 4
 
 
+def test_a_form_takes_the_file_or_the_text_and_an_empty_file_part_is_no_file(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    small = "HloModule m, num_partitions=8\n\nENTRY e {\n  ROOT p = f32[8,16] parameter(0), sharding={devices=[8,1]<=[8]}\n}\n"
+    # What a browser sends for a file input left alone beside pasted text.
+    pasted = c.post("/plan", data={"hlo": small}, files={"hlo_file": ("", b"")})
+    assert pasted.status_code == 200, pasted.text
+    both = c.post("/plan", data={"hlo": small}, files={"hlo_file": ("step.hlo", small.encode())})
+    assert both.status_code == 422 and "both an HLO file and pasted HLO text" in both.json()["detail"]
+
+
+def test_a_tuple_shape_nested_500_deep_is_a_located_422(tmp_path: Path) -> None:
+    shape = "(" * 500 + "f32[]" + ")" * 500
+    response = client(tmp_path).post(
+        "/plan", json={"hlo": f"HloModule m\n\nENTRY e {{\n  ROOT p = {shape} parameter(0)\n}}\n"}
+    )
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert (body["line"], body["column"]) == (4, 76) and "tuple shape nested more than 64 deep" in body["detail"]
+
+
+def test_a_cut_short_or_corrupt_gzip_upload_is_422(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    packed = gzip.compress(DUMP.encode())
+    short = c.post("/plan", files={"hlo_file": ("step.hlo.gz", packed[: len(packed) // 2])})
+    assert short.status_code == 422 and "ends before its end-of-stream marker" in short.json()["detail"]
+    corrupt = packed[:10] + bytes(b ^ 0x5A for b in packed[10:200]) + packed[200:]
+    bad = c.post("/plan", files={"hlo_file": ("step.hlo.gz", corrupt)})
+    assert bad.status_code == 422 and "does not decompress" in bad.json()["detail"]
+
+
 @pytest.mark.parametrize(
     "body,message",
     [

@@ -62,6 +62,36 @@ def test_gzip_and_binary_input(tmp_path: Path) -> None:
     assert result.returncode == 2 and "not UTF-8" in result.stderr
 
 
+def test_a_cut_short_or_corrupt_gzip_is_a_located_error(tmp_path: Path) -> None:
+    import gzip
+
+    packed = gzip.compress((CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_bytes())
+    short, corrupt = tmp_path / "short.hlo.gz", tmp_path / "corrupt.hlo.gz"
+    short.write_bytes(packed[: len(packed) // 2])
+    corrupt.write_bytes(packed[:10] + bytes(b ^ 0x5A for b in packed[10:200]) + packed[200:])
+    for path, message in (
+        (short, "gzip file ends before its end-of-stream marker"),
+        (corrupt, "gzip file does not decompress"),
+    ):
+        for command in ("parse", "plan", "memory"):
+            result = run(sys.executable, "-m", "planner", command, str(path))
+            assert result.returncode == 2 and f"{path}:1:1: {message}" in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr
+
+
+def test_deep_nesting_is_a_located_error_or_a_plan(tmp_path: Path) -> None:
+    deep, shallow = tmp_path / "deep.hlo", tmp_path / "shallow.hlo"
+    for path, depth in ((deep, 500), (shallow, 60)):
+        shape = "(" * depth + "f32[]" + ")" * depth
+        path.write_text(f"HloModule m\n\nENTRY e {{\n  ROOT p = {shape} parameter(0)\n}}\n")
+    for command in ("parse", "plan", "memory", "propagate"):
+        result = run(sys.executable, "-m", "planner", command, str(deep))
+        assert result.returncode == 2 and f"{deep}:4:76: tuple shape nested more than 64 deep" in result.stderr
+        # Within the bound every command answers, its recursive walks included.
+        fine = run(sys.executable, "-m", "planner", command, str(shallow))
+        assert fine.returncode == 0 and "Traceback" not in fine.stderr, fine.stderr
+
+
 def test_propagate_prints_json_and_explains() -> None:
     path = CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.pass_input.hlo"
     result = run(sys.executable, "-m", "planner", "propagate", str(path), "--json")

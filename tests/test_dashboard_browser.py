@@ -131,3 +131,47 @@ def test_plan_page_is_one_screen_wide_verdict_first(
     assert not re.search(r"\b0, 1, 2, 3, 4, 5\b", text)  # no list of chip ids
     # Shardings in XLA's short form: no device list of a whole mesh written out.
     assert "<=[" in text and not re.search(r"\d+(,\d+){15}", text)
+
+
+# One weight split 4 ways on dim 0 and 2 ways on dim 1: plans in well under a second.
+SMALL_HLO = (
+    "HloModule pasted_step, num_partitions=8\n\nENTRY e {\n  p = f32[8,1024]{1,0} parameter(0), "
+    "sharding={devices=[4,2]<=[8]}\n  ROOT n = f32[8,1024]{1,0} negate(p)\n}\n"
+)
+
+
+def _submit(page, browser) -> str:  # type: ignore[no-untyped-def]
+    """Submits the dashboard's form as a click would, and returns the address the browser lands on."""
+    page.evaluate("setTimeout(() => document.querySelector('form button[type=submit]').click(), 50); true")
+    browser.wait_event("Page.loadEventFired", page.session)
+    return str(page.evaluate("location.pathname"))
+
+
+@pytest.mark.browser
+def test_the_form_plans_pasted_and_uploaded_hlo_and_keeps_pasted_text_on_error(server: str, tmp_path: Path) -> None:
+    with chromium() as browser:
+        # Pasted, no file chosen: the browser still sends an empty file part, which is no file.
+        with browser.page(f"{server}/", WIDTH, VIEWPORT_HEIGHT) as page:
+            page.evaluate(f"document.getElementById('hlo').value = {json.dumps(SMALL_HLO)}; true")
+            landed = _submit(page, browser)
+            assert re.fullmatch(r"/plans/[0-9a-f]+/view", landed), page.evaluate("document.body.innerText")
+            assert "pasted_step" in page.evaluate("document.body.innerText")
+        # Uploaded, nothing pasted.
+        upload = tmp_path / "uploaded_step.hlo"
+        upload.write_text(SMALL_HLO.replace("pasted_step", "uploaded_step"))
+        with browser.page(f"{server}/", WIDTH, VIEWPORT_HEIGHT) as page:
+            root = browser.send("DOM.getDocument", session=page.session)["root"]["nodeId"]
+            node = browser.send("DOM.querySelector", {"nodeId": root, "selector": "#hlo_file"}, page.session)
+            browser.send("DOM.setFileInputFiles", {"files": [str(upload)], "nodeId": node["nodeId"]}, page.session)
+            landed = _submit(page, browser)
+            assert re.fullmatch(r"/plans/[0-9a-f]+/view", landed), page.evaluate("document.body.innerText")
+            assert "uploaded_step" in page.evaluate("document.body.innerText")
+        # A parse error: the message with its line, and the pasted text still there to fix.
+        bad = "HloModule m\n\nENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n"
+        with browser.page(f"{server}/", WIDTH, VIEWPORT_HEIGHT) as page:
+            page.evaluate(f"document.getElementById('hlo').value = {json.dumps(bad)}; true")
+            assert _submit(page, browser) == "/"
+            assert "4:23: operand 'p' of 'a' is not defined" in page.evaluate(
+                "document.getElementById('form-error').innerText"
+            )
+            assert page.evaluate("document.getElementById('hlo').value") == bad

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -50,6 +51,24 @@ def test_every_request_logs_one_line_with_plan_id_and_cache_use(tmp_path: Path, 
     assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=false", lines[0]), lines[0]
     assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=true", lines[1]), lines[1]
     assert re.fullmatch(r"GET /healthz 200 [0-9.]+ ms", lines[2]), lines[2]
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_path_with_control_characters_is_one_escaped_line(tmp_path: Path, caplog, log_format: str) -> None:
+    """`%0A` in a path would start a second, forged line; `%00` write a raw NUL."""
+    c = TestClient(create_app(Settings(db_path=tmp_path / "plans.db", log_format=log_format)))
+    forged = "x%0A2026-11-27 POST /plan 200 1.0 ms plan=forged cached=false%00%1B[31m"
+    with caplog.at_level(logging.INFO, logger="spmd_planner.api"):
+        assert c.get(f"/plans/{forged}").status_code == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "spmd_planner.api"]
+    assert len(lines) == 1 and "\n" not in lines[0] and "\x00" not in lines[0] and "\x1b" not in lines[0]
+    decoded = "/plans/x\n2026-11-27 POST /plan 200 1.0 ms plan=forged cached=false\x00\x1b[31m"
+    if log_format == "json":
+        record = json.loads(lines[0])
+        assert record["path"] == decoded and record["status"] == 404 and record["method"] == "GET"
+    else:
+        assert lines[0].startswith("GET /plans/x\\n2026-11-27 POST /plan 200 1.0 ms plan=forged cached=false")
+        assert "\\x00\\x1b[31m 404 " in lines[0]
 
 
 def test_plan_ids_include_the_planner_version(monkeypatch) -> None:

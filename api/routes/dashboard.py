@@ -52,7 +52,8 @@ async def submit(
 ) -> HTMLResponse | RedirectResponse:
     """The form: plan, then show the plan; on bad input, the form again with the message."""
     form = await request.form(max_part_size=settings.max_body_bytes)
-    echo = {k: str(form.get(k) or "") for k in ("mesh", "chip")}
+    # What the user typed comes back with the message, pasted HLO included (an uploaded file cannot be).
+    echo = {k: value for k in ("hlo", "mesh", "chip") if isinstance(value := form.get(k), str)}
     if not token_ok(settings, str(form.get("token") or "") or None):
         return _index(request, store, settings, 0, "a valid token is required to plan", echo, 401)
     try:

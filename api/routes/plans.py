@@ -87,10 +87,15 @@ async def read_plan_request(request: Request, limit: int) -> PlanRequest:
 async def _from_form(request: Request, limit: int) -> PlanRequest:
     form = await request.form(max_part_size=limit)
     upload = form.get("hlo_file")
-    if isinstance(upload, UploadFile):
-        hlo = hlo_from_upload(await upload.read(limit + 1), limit)
-    elif isinstance(form.get("hlo"), str) and form.get("hlo"):
-        hlo = str(form.get("hlo"))
+    # A browser sends an empty, nameless file part for a file input left alone: that is no file.
+    data = await upload.read(limit + 1) if isinstance(upload, UploadFile) else b""
+    pasted = form.get("hlo") if isinstance(form.get("hlo"), str) else ""
+    if data and str(pasted).strip():
+        raise ValueError("the form has both an HLO file and pasted HLO text: give one")
+    if data:
+        hlo = hlo_from_upload(data, limit)
+    elif str(pasted).strip():
+        hlo = str(pasted)
     else:
         raise ValueError("the form needs the HLO as a file field `hlo_file` (or text field `hlo`)")
     fields: dict[str, Any] = {"hlo": hlo, "options": {}}

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from planner.cli import memory_command, parse_command, plan_command, propagate_command, serve_command
-from planner.errors import PlannerError
+from planner.errors import TOO_DEEP, PlannerError
 
 _COMMANDS = (parse_command, propagate_command, memory_command, plan_command, serve_command)
 
@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (PlannerError, ValueError) as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"spmd-planner: {TOO_DEEP}", file=sys.stderr)
         return 2
     except OSError as e:
         # Commands report their own writes (`cannot write ...`): a file named here is an input. An error

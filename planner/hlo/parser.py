@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import re
 import sys
+import zlib
 from pathlib import Path
 
 from planner.errors import HloParseError
@@ -34,6 +35,7 @@ from planner.hlo.parse_state import ParseState, Scope, gc_paused
 from planner.hlo.shape_inference import compatible
 from planner.hlo.shapes import Shape, parse_shape
 from planner.hlo.stablehlo_text import is_stablehlo_text, read_stablehlo
+from planner.hlo.unique_names import repeated_names, uniquify_instruction_names
 from planner.scanner import skip_balanced
 
 _HEADER = re.compile(r"HloModule\b")
@@ -65,7 +67,14 @@ def read_hlo_text(path: str | Path) -> str:
     """Reads a dump as text; gzip-compressed dumps are accepted too; `-` reads standard input."""
     raw = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise HloParseError(
+                "gzip file ends before its end-of-stream marker (cut short?)", 1, 1, "", str(path)
+            ) from None
+        except (OSError, zlib.error) as e:  # BadGzipFile is an OSError
+            raise HloParseError(f"gzip file does not decompress: {e}", 1, 1, "", str(path)) from None
     try:
         return raw.decode()
     except UnicodeDecodeError as e:
@@ -104,6 +113,8 @@ def _parse_module(state: ParseState) -> HloModule:
     # Without an ENTRY marker, XLA takes the last computation.
     entry = entries[0].name if entries else computations[-1].name
     _check_references(state, positions)
+    if repeated_names(computations):
+        computations = list(uniquify_instruction_names(computations))
     return HloModule(name, tuple(computations), entry, attributes, debug_tables)
 
 

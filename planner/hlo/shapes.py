@@ -239,6 +239,11 @@ def _check_layout(cursor: Cursor, layout: str, rank: int, pos: int) -> None:
         cursor.fail(f"layout {layout.strip()} is not an order of the {rank} dims of this shape", pos)
 
 
+# Tuples nest a few levels in real modules (a While's state holding an optimizer's); shapes, shardings and
+# buffers are walked recursively, so a bound keeps a nonsense nesting a located error, not a RecursionError.
+MAX_TUPLE_NESTING = 64
+
+
 def _tuple_end(cursor: Cursor) -> int:
     """End offset of the parenthesised tuple type at the cursor.
 
@@ -252,6 +257,8 @@ def _tuple_end(cursor: Cursor) -> int:
     depth = 0
     for m in _TUPLE_PARENS.finditer(text, pos):
         depth += 1 if m.group(0) == "(" else -1
+        if depth > MAX_TUPLE_NESTING:
+            cursor.fail(f"tuple shape nested more than {MAX_TUPLE_NESTING} deep", m.start())
         if depth == 0:
             return m.end()
     cursor.fail("unclosed '(' in tuple shape: input ends before its ')'")
