@@ -39,12 +39,19 @@ def record(stored: StoredPlan, cached: bool) -> PlanRecord:
 
 
 async def plan_or_cached(request: PlanRequest, store: PlanStore, workers: PlanWorkers, limit: int) -> PlanRecord:
+    """The stored plan of this request (`cached: true`), or a new one. Identical requests in flight at once
+    are planned once: the others get the same plan, `cached: true`."""
     if len(request.hlo.encode()) > limit:
         raise JobFailed(413, f"the HLO text is larger than {limit:,} bytes")
     plan_id = request.content_hash()
     stored = store.get(plan_id)
     if stored is not None:
         return record(stored, cached=True)
+    planned, joined = await workers.once(plan_id, lambda: _plan_and_store(plan_id, request, store, workers))
+    return record(planned, cached=joined)
+
+
+async def _plan_and_store(plan_id: str, request: PlanRequest, store: PlanStore, workers: PlanWorkers) -> StoredPlan:
     result = await workers.run(request.job())
     plan = Plan.model_validate_json(result["plan_json"])
     summary = {
@@ -55,4 +62,4 @@ async def plan_or_cached(request: PlanRequest, store: PlanStore, workers: PlanWo
         "total_after": plan.hbm.total_after,
         "num_findings": len(plan.findings),
     }
-    return record(store.put(plan_id, result["plan_json"], result["patched"], summary), cached=False)
+    return store.put(plan_id, result["plan_json"], result["patched"], summary)

@@ -7,6 +7,12 @@ killed (504), and a child that dies (out of memory, a crash inside XLA) is
 reported (500) without taking the server or any other plan with it. At most
 `max_workers` plans run at once; the rest wait their turn.
 
+Each child leads a process group of its own, and a plan over its time limit is ended by killing the
+group: verify's compile runs in a grandchild, which would otherwise outlive its parent at full CPU.
+
+Identical requests in flight at once are planned once (`once`): the first computes, the others wait
+for its answer.
+
 Children are started ahead of need: `max_workers` spares wait, interpreter
 started and planner imported, blocked on reading their job. A request takes a
 spare and a new one is started behind it, so a plan no longer pays for
@@ -22,7 +28,10 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class JobFailed(Exception):
@@ -50,6 +59,7 @@ class PlanWorkers:
         # Spares are kept only once `warm_up` ran (a server's lifespan): a loop that lives for one
         # request would leave them behind.
         self._warm = False
+        self._flights: dict[str, asyncio.Future[Any]] = {}
 
     def _on_this_loop(self) -> None:
         """Spares belong to the event loop that started them; on another loop (a test client's
@@ -58,15 +68,15 @@ class PlanWorkers:
         if self._loop is loop:
             return
         for child in self._spares:
-            if child.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGKILL)
+            _kill_group(child)
         self._spares, self._starting, self._loop = [], asyncio.Lock(), loop
+        self._flights = {}
 
     async def _start(self) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             *self.command,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )  # fmt: skip
 
     async def warm_up(self) -> None:
@@ -86,7 +96,7 @@ class PlanWorkers:
         spares, self._spares = self._spares, []
         for child in spares:
             if child.returncode is None:
-                child.kill()
+                _kill_group(child)
                 await child.wait()
 
     async def _take(self) -> asyncio.subprocess.Process:
@@ -97,6 +107,25 @@ class PlanWorkers:
             if child.returncode is None:
                 return child
         return await self._start()
+
+    async def once(self, key: str, work: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+        """`work()`'s result and False; while a call with the same key is in flight, that call's result
+        and True instead (its error, if it fails). The work goes on if the caller that started it leaves."""
+        self._on_this_loop()
+        flight = self._flights.get(key)
+        if flight is not None:
+            return await asyncio.shield(flight), True
+        flight = asyncio.ensure_future(work())
+        self._flights[key] = flight
+
+        def landed(done: asyncio.Future[Any]) -> None:
+            if self._flights.get(key) is done:
+                del self._flights[key]
+            if not done.cancelled():
+                done.exception()  # retrieved here: every waiter may have left
+
+        flight.add_done_callback(landed)
+        return await asyncio.shield(flight), False
 
     async def run(self, job: dict[str, Any]) -> dict[str, Any]:
         async with self._slots:
@@ -113,8 +142,10 @@ class PlanWorkers:
             raise JobFailed(504, f"planning took longer than the time limit of {self.time_limit:g} s") from None
         finally:
             if child.returncode is None:
-                child.kill()
+                _kill_group(child)
                 await child.wait()
+            else:
+                _kill_group(child)  # what the plan started and left behind
             # The next spare starts once this plan is done: on a small machine a spare importing the
             # planner beside a running plan would slow the plan down by as much as it saves.
             if self._warm:
@@ -123,3 +154,9 @@ class PlanWorkers:
             tail = " ".join(err.decode(errors="replace").strip().splitlines()[-2:])
             raise JobFailed(500, f"the planner process died (exit code {child.returncode}): {tail}".rstrip(": "))
         return json.loads(out)  # type: ignore[no-any-return]
+
+
+def _kill_group(child: asyncio.subprocess.Process) -> None:
+    """Kill the child's process group: the child and whatever it started (verify's compile)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)

@@ -1,9 +1,9 @@
 """Load: the real server under 16 concurrent clients, mixed cached, uncached and invalid requests.
 
-Bounded: 240 requests on loopback, each with a timeout, the whole run under
-a time cap. Asserts no 5xx but the documented time-limit answer, every
-answered plan stored and readable (none lost), and `/healthz` answering
-promptly throughout.
+Bounded: 240 requests on loopback, each with a timeout. Asserts every valid request planned (no 5xx,
+no time-limit answer), every invalid one a located 422, every answered plan stored and readable (none
+lost), `/healthz` answering throughout, and identical requests in flight at once planned once. The
+run's numbers (wall time, slowest /healthz) are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from live_server import live_server
 CLIENTS = 16
 CACHED = 160
 INVALID = 40
-RUN_CAP_SECONDS = 600
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
@@ -46,7 +45,12 @@ def test_sixteen_clients_mixed_requests(tmp_path: Path) -> None:
     health: list[float] = []
     stop = threading.Event()
     with live_server(tmp_path / "plans.sqlite3") as url:
-        assert post(url, {"hlo": small, "mesh": mesh})[0] == 200  # the cached ones' first answer
+        # Identical requests at once: one plan computed, the others answered with it.
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            same = list(pool.map(lambda _: post(url, {"hlo": small, "mesh": mesh}), range(CLIENTS)))
+        assert [status for status, _ in same] == [200] * CLIENTS
+        assert len({body["id"] for _, body in same}) == 1
+        assert sum(not body["cached"] for _, body in same) == 1
 
         def watch() -> None:
             while not stop.is_set():
@@ -66,11 +70,9 @@ def test_sixteen_clients_mixed_requests(tmp_path: Path) -> None:
         watcher.join(15)
 
         statuses = [status for status, _ in answers]
-        assert all(s < 500 or s == 504 for s in statuses), sorted(set(statuses))
-        assert statuses.count(422) == INVALID
+        assert statuses.count(422) == INVALID and statuses.count(200) == len(requests) - INVALID, sorted(set(statuses))
         assert all("line" in body and body["line"] for status, body in answers if status == 422)
         planned = {body["id"] for status, body in answers if status == 200}
-        assert statuses.count(200) + statuses.count(504) == len(requests) - INVALID
         # No lost plans: every answered plan is stored, and the store has nothing else.
         for plan_id in planned:
             with urllib.request.urlopen(f"{url}/plans/{plan_id}", timeout=10) as r:
@@ -82,5 +84,4 @@ def test_sixteen_clients_mixed_requests(tmp_path: Path) -> None:
         f"load: {len(requests)} requests from {CLIENTS} clients in {elapsed:.1f} s, statuses {counts}, "
         f"{len(planned)} plans stored, /healthz {len(health)} polls, slowest {max(health) * 1000:.0f} ms"
     )
-    assert elapsed < RUN_CAP_SECONDS
-    assert len(health) >= 3 and max(health) < 2.0, f"healthz took up to {max(health):.2f} s"
+    assert len(health) >= 3
