@@ -1,15 +1,19 @@
 """Getting a plan: from the planner service, or in-process when no URL is set.
 
-Plans are cached on disk by content hash (HLO, mesh, capacity, manifest), so
-the second run of the same step asks nobody. A service that cannot be
-reached is retried with backoff; then, with `strict=True`, the caller gets
-`PlannerUnavailable` naming the URL and the cause, and with `strict=False` a
-warning and no plan, and training goes on as plain torch_xla.
+A plan's id is the service's own recipe (`api.models.PlanRequest.content_hash`: HLO, mesh, capacity,
+manifest, options, planner version), so the id the client prints opens the plan on the service
+(`GET /plans/{id}`), and an in-process plan has the id the service would give it.
+
+Plans are kept on disk under that id. Without a URL, the second run of the same step asks nobody
+(`source: "disk cache"`). With a URL the service is asked every time (it answers a plan it holds
+without recomputing it, `source: "service (stored)"`), and the disk copy is the fallback when the
+service cannot be reached, with a warning that says so. A service that cannot be reached is retried
+with backoff; then, with no disk copy, `strict=True` raises `PlannerUnavailable` naming the URL and the
+cause, and `strict=False` warns and returns no plan, and training goes on as plain torch_xla.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -22,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from api.models import MeshSpec, PlanRequest
 from planner.hlo.parser import parse_hlo
 from planner.memory import chip as chip_preset
 from planner.mesh import Mesh
 from planner.passes import Planning, Preparation
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
-from planner.version import planner_version
 
 
 class PlannerUnavailable(RuntimeError):
@@ -43,7 +47,8 @@ class PlannerRefused(RuntimeError):
 class PlanResult:
     plan: Plan
     plan_id: str
-    source: str  # "service", "in-process" or "disk cache"
+    # "service" (planned now), "service (stored)" (the service held it), "in-process" or "disk cache"
+    source: str
 
 
 def default_cache_dir() -> Path:
@@ -79,65 +84,62 @@ class PlannerClient:
 
     def plan(self, hlo: str, manifest: Manifest | None = None) -> PlanResult | None:
         """The plan for one captured step; None only when not strict and the service is unreachable."""
-        key = self._key(hlo, manifest)
+        request = self.request(hlo, manifest)
+        key = request.content_hash()
         cached = self.cache_dir / f"{key}.json"
-        if cached.is_file():
-            return PlanResult(Plan.model_validate_json(cached.read_text()), key, "disk cache")
-        try:
-            plan, source = (
-                (self._remote(hlo, manifest), "service") if self.url else (self._local(hlo, manifest), "in-process")
-            )
-        except PlannerUnavailable as e:
-            if self.strict:
-                raise
-            warnings.warn(f"training on without a plan: {e}", stacklevel=2)
-            return None
+        if self.url is None:
+            if cached.is_file():
+                return PlanResult(Plan.model_validate_json(cached.read_text()), key, "disk cache")
+            plan, source = self._local(hlo, manifest), "in-process"
+        else:
+            try:
+                plan, source = self._remote(request, key)
+            except PlannerUnavailable as e:
+                if cached.is_file():
+                    warnings.warn(f"{e}; using the plan {key} kept on disk from an earlier run", stacklevel=2)
+                    return PlanResult(Plan.model_validate_json(cached.read_text()), key, "disk cache")
+                if self.strict:
+                    raise
+                warnings.warn(f"training on without a plan: {e}", stacklevel=2)
+                return None
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(".tmp")
         partial.write_text(plan.model_dump_json())
         partial.replace(cached)  # readers never see half a file
         return PlanResult(plan, key, source)
 
-    def _key(self, hlo: str, manifest: Manifest | None) -> str:
-        digest = hashlib.sha256(hlo.encode())
-        settings = {
-            "mesh": self.mesh.to_text() if self.mesh else None,
-            "device_ids": list(self.mesh.device_ids) if self.mesh else None,
-            "capacity": self.capacity_bytes,
-            "chip": self.chip,
-            "planner": planner_version(),
-            "manifest": manifest.model_dump(mode="json") if manifest else None,
-        }
-        digest.update(json.dumps(settings, sort_keys=True).encode())
-        return digest.hexdigest()[:32]
+    def request(self, hlo: str, manifest: Manifest | None = None) -> PlanRequest:
+        """The service's request for this step: its body, and its `content_hash()` the plan's id."""
+        mesh = None
+        if self.mesh is not None:
+            mesh = MeshSpec(shape=list(self.mesh.shape), axis_names=list(self.mesh.axis_names),
+                            device_ids=list(self.mesh.device_ids))  # fmt: skip
+        hbm_bytes = self.capacity_bytes if self.chip is None else None
+        return PlanRequest(hlo=hlo, mesh=mesh, chip=self.chip, hbm_bytes=hbm_bytes, manifest=manifest)
 
     def _local(self, hlo: str, manifest: Manifest | None) -> Plan:
         prepared = Preparation(self.chip or "cpu", self.mesh).apply(parse_hlo(hlo, source="captured step"))
         plan, _ = Planning(self.capacity_bytes, manifest=manifest).apply(prepared)
         return plan
 
-    def _remote(self, hlo: str, manifest: Manifest | None) -> Plan:
-        body: dict[str, Any] = {"hlo": hlo}
-        if self.mesh is not None:
-            body["mesh"] = {"shape": list(self.mesh.shape), "axis_names": list(self.mesh.axis_names),
-                            "device_ids": list(self.mesh.device_ids)}  # fmt: skip
-        if self.chip is not None:
-            body["chip"] = self.chip
-        elif self.capacity_bytes is not None:
-            body["hbm_bytes"] = self.capacity_bytes
-        if manifest is not None:
-            body["manifest"] = manifest.model_dump(mode="json")
+    def _remote(self, plan_request: PlanRequest, key: str) -> tuple[Plan, str]:
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(f"{self.url}/plan", json.dumps(body).encode(), headers)
+        body = plan_request.model_dump_json(exclude_none=True).encode()
+        request = urllib.request.Request(f"{self.url}/plan", body, headers)
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(2**attempt, 10))
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return Plan.model_validate(json.loads(response.read())["plan"])
+                    answer = json.loads(response.read())
+                if answer.get("id") != key:
+                    # Another planner version or recipe: the id printed would not open this plan.
+                    raise PlannerRefused(f"the planner at {self.url} stored the plan as {answer.get('id')!r}, "
+                                         f"not {key!r}: is it another version of the planner?")  # fmt: skip
+                return Plan.model_validate(answer["plan"]), "service (stored)" if answer.get("cached") else "service"
             except urllib.error.HTTPError as e:
                 detail = _detail(e)
                 if e.code < 500 or e.code == 504:  # the request itself is at fault, or too slow to retry

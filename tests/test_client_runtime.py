@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -97,6 +98,28 @@ def test_in_process_plans_are_cached_on_disk(tmp_path: Path) -> None:
     assert (first.source, again.source) == ("in-process", "disk cache")
     assert again.plan == first.plan and again.plan_id == first.plan_id
     assert [p.name for p in tmp_path.iterdir()] == [f"{first.plan_id}.json"]
+
+
+def test_the_printed_plan_id_opens_on_the_service_and_each_run_asks_it(tmp_path: Path) -> None:
+    mesh = Mesh.parse("fsdp=4,tp=2")
+    local = PlannerClient(mesh=mesh, chip="v6e", cache_dir=tmp_path / "local").plan(SMALL)
+    with live_server(tmp_path / "plans.sqlite3") as url:
+        client = PlannerClient(url=url, mesh=mesh, chip="v6e", cache_dir=tmp_path / "cache")
+        first, again = client.plan(SMALL), client.plan(SMALL)
+        assert first is not None and again is not None and local is not None
+        # One recipe: the id the client prints is the service's, and an in-process plan's too.
+        assert first.plan_id == again.plan_id == local.plan_id
+        with urllib.request.urlopen(f"{url}/plans/{first.plan_id}", timeout=30) as r:
+            assert json.loads(r.read())["id"] == first.plan_id
+        # A run with a URL asks the service every time; the service says it held the plan.
+        assert (first.source, again.source) == ("service", "service (stored)")
+    # The service gone, the disk copy answers, and says so.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        offline = PlannerClient(url=url, mesh=mesh, chip="v6e", retries=0, timeout=5, cache_dir=tmp_path / "cache")
+        kept = offline.plan(SMALL)
+    assert kept is not None and kept.source == "disk cache" and kept.plan == first.plan
+    assert any(f"using the plan {first.plan_id} kept on disk" in str(w.message) for w in caught)
 
 
 def test_unreachable_service_strict_and_lenient(tmp_path: Path) -> None:
