@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -53,6 +54,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, e: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer is a list of errors; every other error here is `{"detail": "..."}`.
+        errors = e.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(x) for x in first["loc"]) or "request"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return JSONResponse({"detail": f"{where}: {first['msg']}{more}"}, status_code=422)
 
     @app.exception_handler(JobFailed)
     async def job_failed(request: Request, e: JobFailed) -> JSONResponse:

@@ -109,6 +109,22 @@ def test_a_form_takes_the_file_or_the_text_and_an_empty_file_part_is_no_file(tmp
     assert both.status_code == 422 and "both an HLO file and pasted HLO text" in both.json()["detail"]
 
 
+def test_one_contract_units_in_forms_one_error_shape_every_answer_documented(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    # A form's byte counts take a unit, as the command line's do; JSON's *_bytes fields are integers.
+    for field in ("chip", "hbm_bytes", "min_bytes"):
+        bare = c.post("/plan", data={"hlo": DUMP, field: "32"})
+        assert bare.status_code == 422 and bare.json() == {"detail": "'32' needs a unit: 32GiB, 32GB, 32MiB or 32B"}
+    # FastAPI's own validation answers in the shape every other error has: one string.
+    listing = c.get("/plans?limit=abc")
+    assert listing.status_code == 422 and isinstance(listing.json()["detail"], str)
+    assert listing.json()["detail"].startswith("query.limit: ")
+    # Each status /plan answers is in the OpenAPI document.
+    documented = set(c.get("/openapi.json").json()["paths"]["/plan"]["post"]["responses"])
+    assert {"200", "401", "413", "415", "422", "500", "504"} <= documented
+    assert c.post("/plan", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+
+
 def test_a_tuple_shape_nested_500_deep_is_a_located_422(tmp_path: Path) -> None:
     shape = "(" * 500 + "f32[]" + ")" * 500
     response = client(tmp_path).post(

@@ -92,6 +92,18 @@ def test_deep_nesting_is_a_located_error_or_a_plan(tmp_path: Path) -> None:
         assert fine.returncode == 0 and "Traceback" not in fine.stderr, fine.stderr
 
 
+def test_capacities_and_manifests_are_refused_with_the_reason(tmp_path: Path) -> None:
+    negative = run(sys.executable, "-m", "planner", "plan", "--hbm", "-32GiB")
+    assert negative.returncode == 2 and "HBM per chip must be more than 0 bytes, got '-32GiB'" in negative.stderr
+    bare = run(sys.executable, "-m", "planner", "plan", "--hbm", "32")
+    assert bare.returncode == 2 and "'32' needs a unit: 32GiB" in bare.stderr
+    binary = tmp_path / "manifest.json"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
+    result = run(sys.executable, "-m", "planner", "plan", "--mesh", "fsdp=4,tp=2", "--manifest", str(binary))
+    assert result.returncode == 2 and f"{binary}: the manifest is not UTF-8 JSON text" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_propagate_prints_json_and_explains() -> None:
     path = CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.pass_input.hlo"
     result = run(sys.executable, "-m", "planner", "propagate", str(path), "--json")

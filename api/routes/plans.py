@@ -14,7 +14,7 @@ from api.deps import AuthDep, SettingsDep, StoreDep, WorkersDep
 from api.models import ErrorDetail, MeshSpec, PlanPage, PlanRecord, PlanRequest, PlanSummary
 from api.planning import hlo_from_upload, plan_or_cached, record
 from api.worker import JobFailed
-from planner.memory import parse_bytes
+from planner.memory import parse_byte_count
 from planner.mesh import Mesh
 
 router = APIRouter()
@@ -24,6 +24,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorDetail, "description": "body or HLO text over the size limit"},
     422: {"model": ErrorDetail, "description": "HLO that does not parse (with line and column), or settings "
                                                "that do not fit the module"},
+    415: {"model": ErrorDetail, "description": "a body neither application/json nor a form"},
     500: {"model": ErrorDetail, "description": "the planner process died (the server keeps serving)"},
     504: {"model": ErrorDetail, "description": "planning took longer than the time limit"},
 }  # fmt: skip
@@ -102,17 +103,19 @@ async def _from_form(request: Request, limit: int) -> PlanRequest:
     if text := _text(form, "mesh"):
         mesh = Mesh.parse(text)
         fields["mesh"] = MeshSpec(shape=list(mesh.shape), axis_names=list(mesh.axis_names))
+    # Form values are typed by people: byte counts take a unit, as on the command line (a bare `32` is
+    # refused, not read as 32 bytes). JSON's `*_bytes` fields take plain integers.
     if text := _text(form, "chip"):
         # One box takes a preset name or a byte count (the dashboard's form has one).
-        fields["hbm_bytes" if text[0].isdigit() else "chip"] = parse_bytes(text) if text[0].isdigit() else text
+        fields["hbm_bytes" if text[0].isdigit() else "chip"] = parse_byte_count(text) if text[0].isdigit() else text
     if text := _text(form, "hbm_bytes"):
-        fields["hbm_bytes"] = parse_bytes(text)
+        fields["hbm_bytes"] = parse_byte_count(text)
     if text := _text(form, "manifest"):
         fields["manifest"] = json.loads(text)
     if text := _text(form, "threshold"):
         fields["options"]["threshold"] = float(text)
     if text := _text(form, "min_bytes"):
-        fields["options"]["min_bytes"] = parse_bytes(text)
+        fields["options"]["min_bytes"] = parse_byte_count(text)
     if text := _text(form, "verify"):
         fields["options"]["verify"] = text.lower() in ("1", "true", "on", "yes")
     return PlanRequest.model_validate(fields)

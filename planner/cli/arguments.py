@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.data import DEFAULT_DUMP
-from planner.memory import CHIPS, chip, parse_bytes
+from planner.memory import CHIPS, chip, parse_byte_count
 from planner.mesh import Mesh
 
 
@@ -26,23 +26,17 @@ def chip_arg(text: str) -> str:
 
 
 def bytes_arg(text: str) -> int:
-    """A byte count with its unit (`32GiB`, `80GB`, `512MiB`); a bare number other than 0 is refused.
-
-    A bare `--hbm 32` was read as 32 bytes, which no one means.
-    """
-    if text.strip().replace(".", "", 1).isdigit() and float(text) != 0:
-        n = text.strip()
-        raise argparse.ArgumentTypeError(f"{text!r} needs a unit: {n}GiB, {n}GB, {n}MiB or {n}B")
+    """A byte count with its unit (`32GiB`, `80GB`, `512MiB`); a bare number other than 0 is refused."""
     try:
-        return parse_bytes(text)
-    except ValueError:
-        # Not parse_bytes's own message: it offers a bare byte count, which these options refuse.
-        message = f"bad byte count {text!r}: expected a number and a unit, e.g. 32GiB or 80GB"
-        raise argparse.ArgumentTypeError(message) from None
+        return parse_byte_count(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def capacity_arg(text: str) -> int:
     """HBM per chip: a byte count with its unit, more than zero (a chip with no memory fits nothing)."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"HBM per chip must be more than 0 bytes, got {text!r}")
     capacity_bytes = bytes_arg(text)
     if capacity_bytes <= 0:
         raise argparse.ArgumentTypeError(f"HBM per chip must be more than 0 bytes, got {text!r}")

@@ -29,8 +29,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value may be typed with a minus sign: argparse takes `--hbm -32GiB` for two options and
+# answers "expected one argument"; joined as `--hbm=-32GiB`, the value reaches its check and its message.
+_VALUE_OPTIONS = ("--hbm", "--min-bytes", "--threshold")
+
+
+def _values_kept_with_options(argv: Sequence[str]) -> list[str]:
+    joined: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if arg in _VALUE_OPTIONS and following[:1] == "-" and (following[1:2].isdigit() or following[1:2] == "."):
+            joined.append(f"{arg}={following}")
+            skip = True
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_values_kept_with_options(sys.argv[1:] if argv is None else argv))
     try:
         code = int(args.run(args))
         # Short output sits in stdout's buffer until exit, where a reader that already left (`| head -n 0`)

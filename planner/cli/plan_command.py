@@ -39,6 +39,8 @@ def register(sub: Any) -> None:
 def read_manifest(path: Path) -> Manifest:
     try:
         return Manifest.model_validate_json(path.read_text())
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: the manifest is not UTF-8 JSON text ({e.reason} at byte {e.start})") from None
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"

@@ -39,6 +39,19 @@ def chip(name: str) -> Chip:
         raise ValueError(f"unknown chip {name!r}; known: {', '.join(CHIPS)}") from None
 
 
+def parse_byte_count(text: str) -> int:
+    """A byte count a person typed: `32GiB`, `80GB`, `512MiB`, `0`. A bare number other than 0 is refused:
+    `32` read as 32 bytes is never what was meant (an API field named `*_bytes` takes a plain integer)."""
+    n = text.strip()
+    if n.replace(".", "", 1).isdigit() and float(n) != 0:
+        raise ValueError(f"{text!r} needs a unit: {n}GiB, {n}GB, {n}MiB or {n}B")
+    try:
+        return parse_bytes(n)
+    except ValueError:
+        # Not parse_bytes's own message: it offers a bare byte count, which is refused here.
+        raise ValueError(f"bad byte count {text!r}: expected a number and a unit, e.g. 32GiB or 80GB") from None
+
+
 def parse_bytes(text: str) -> int:
     """`32GiB` -> 34359738368; a bare number is bytes."""
     m = _BYTES.fullmatch(text)
