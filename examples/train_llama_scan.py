@@ -22,6 +22,9 @@ from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("CPU_NUM_DEVICES", "8")
+# torch_xla's shard_as reaches JAX through torchax; on a machine without a TPU, JAX probing for one
+# through libtpu prints half a dozen error lines before the first line of output.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
@@ -32,7 +35,7 @@ import torch_xla.runtime as xr
 from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, sgd_step, shard_model
 
 from planner.units import format_bytes
-from scan_runtime import PlannerClient, auto_plan
+from scan_runtime import PlannerClient, PlannerUnavailable, auto_plan
 
 
 def mib(n: int) -> str:
@@ -57,9 +60,13 @@ def main() -> int:
     xs.mark_sharding(x, mesh, ACTIVATION_SPEC)
 
     # The one added line: trace a step, get the plan, activate it for the scans that follow.
-    plan = auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh,
-                     client=PlannerClient(url=args.url, mesh=mesh, chip=args.chip,
-                                         hbm_bytes=None if args.chip else int(args.hbm_gib * 2**30)))  # fmt: skip
+    client = PlannerClient(url=args.url, mesh=mesh, chip=args.chip,
+                           hbm_bytes=None if args.chip else int(args.hbm_gib * 2**30))  # fmt: skip
+    try:
+        plan = auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client)
+    except PlannerUnavailable as e:
+        print(f"no plan ({e}): training plain")
+        plan = None
 
     if plan is not None and plan.plan is not None:
         p = plan.plan
@@ -69,12 +76,14 @@ def main() -> int:
         print(f"  HBM per chip: {mib(p.hbm.total_before)} -> {mib(p.hbm.total_after)} "
               f"of {mib(p.hbm.capacity_bytes or 0)}")  # fmt: skip
         for f in p.findings:
-            print(f"  [{f.kind}] {f.loop}[{f.index}] {f.shape}: {mib(f.per_device_bytes)} per chip, "
+            # The parameter the buffer belongs to where the plan names it, else its place in the loop.
+            what = f.name or f"{f.loop}[{f.index}]"
+            print(f"  [{f.kind}] {what} {f.shape}: {mib(f.per_device_bytes)} per chip, "
                   f"ideal {mib(f.ideal_per_device_bytes)}, after {mib(f.per_device_bytes_after or 0)}")  # fmt: skip
         print(f"  pinned inside the scanned layer: {', '.join(f'{n} {s}' for n, s in plan.pins.items())}")
         for note in plan.notes:
             print(f"  note: {note}")
-    else:
+    elif plan is not None or args.url is None:
         print("no plan: training plain")
 
     spec = torch_xla._XLAC._get_xla_sharding_spec

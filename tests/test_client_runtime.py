@@ -85,6 +85,20 @@ def test_the_example_trains_with_a_plan(tmp_path: Path) -> None:
     assert "HBM per chip: 29.0 MiB -> 25.5 MiB of 32.0 GiB" in done.stdout
     assert "pinned inside the scanned layer: q.weight ('tp', 'fsdp')" in done.stdout
     assert done.stdout.count("gradients sharded unlike their weights: 0") == 2
+    # Findings by the parameter they belong to; no libtpu probing for a TPU before the output.
+    assert "  [stacked-gradient] grad of d.weight f32[4,256,1024]: 2.0 MiB per chip" in done.stdout
+    assert "TPU" not in done.stderr, done.stderr
+
+
+@pytest.mark.xla
+def test_the_example_trains_plain_when_the_service_is_unreachable(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "train_llama_scan.py"), "--steps", "1", "--url", url],
+                          capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stdout.startswith(f"no plan (cannot reach the planner service at {url} after 3 attempts")
+    assert "step 0: loss" in done.stdout
 
 
 SMALL = (CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()

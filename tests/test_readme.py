@@ -14,13 +14,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import REPO
+
+from planner.data import DEFAULT_DUMP
 
 README = (REPO / "README.md").read_text()
 _BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
@@ -92,3 +98,32 @@ def test_make_run_prints_the_verdict_and_how_to_open_the_dashboard() -> None:
     start = lines.index("plan for SyncTensorsGraph.2649 on mesh fsdp=4,tp=2")
     assert lines[start + 1].startswith("  verdict: fits: 235.1 MiB per chip after the plan")
     assert lines[-1].startswith("dashboard: .venv/bin/spmd-planner serve, then open http://127.0.0.1:8000/")
+
+
+def _python_blocks() -> list[str]:
+    return [body for kind, body in blocks() if kind == "python"]
+
+
+def test_every_python_snippet_is_run_or_quoted_from_a_file_that_is() -> None:
+    """A snippet is either whole (run below) or an excerpt of a file the tests run, quoted verbatim."""
+    for body in _python_blocks():
+        first = body.splitlines()[0]
+        quoted = re.match(r"# from (\S+\.py)", first)
+        if quoted is None:
+            continue
+        source = (REPO / quoted.group(1)).read_text()
+        excerpt = textwrap.dedent("\n".join(body.splitlines()[2:]))
+        assert textwrap.indent(excerpt, "    ") in source or excerpt in source, f"not in {quoted.group(1)}:\n{excerpt}"
+
+
+@pytest.mark.parametrize("body", [b for b in _python_blocks() if not b.startswith("# from ")], ids=lambda b: b[:40])
+def test_python_snippet_runs_as_printed_and_prints_what_its_comments_say(body: str, tmp_path: Path) -> None:
+    # The library snippet reads "step.hlo": the bundled dump, under that name.
+    shutil.copy(DEFAULT_DUMP, tmp_path / "step.hlo")
+    done = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.splitlines()
+    # `print(...)  # VALUE: words` promises VALUE as the last line that print wrote.
+    promised = [m.group(1) for m in re.finditer(r"^print\(.*\)\s+# (.+?):", body, re.M)]
+    assert promised and all(p in printed for p in promised), (promised, printed[-5:])
