@@ -26,6 +26,7 @@ def test_every_xla_test_module_plans() -> None:
     planned = 0
     for case in xla_cases():
         plan, _ = make_plan(prepare(parse_hlo(case["hlo"])))
-        assert plan.hbm.total_before >= 0, case["name"]
+        # The smallest, RemoveCSEPrevention, holds 8 bytes.
+        assert plan.hbm.total_before > 0, case["name"]
         planned += 1
     assert planned == len(xla_cases()) >= 150
