@@ -19,6 +19,10 @@ _EXAMPLE_HLO = (
 )
 
 
+# A byte count no chip comes near (1 EiB), and within the 64-bit integers the plan store keeps.
+MAX_BYTES = 1 << 60
+
+
 class MeshSpec(BaseModel):
     shape: list[int] = Field(examples=[[4, 2]])
     axis_names: list[str] = Field(examples=[["fsdp", "tp"]])
@@ -35,7 +39,9 @@ class MeshSpec(BaseModel):
 
 class PlanOptions(BaseModel):
     threshold: float = Field(default=1.5, ge=1, description="report buffers above this multiple of their ideal")
-    min_bytes: int = Field(default=1 << 20, ge=0, description="and wasting at least this many bytes per chip")
+    min_bytes: int = Field(
+        default=1 << 20, ge=0, le=MAX_BYTES, description="and wasting at least this many bytes per chip"
+    )
     verify: bool = Field(
         default=False,
         description="compile original and patched module with real XLA (slow): XLA:CPU, and XLA:TPU for a TPU "
@@ -51,7 +57,7 @@ class PlanRequest(BaseModel):
     hlo: str = Field(description="HLO text of one training step, as XLA or torch_xla dumps it")
     mesh: MeshSpec | None = None
     chip: str | None = Field(default=None, description="chip preset (v4, v5e, v5p, v6e, h100, h200)")
-    hbm_bytes: int | None = Field(default=None, ge=1, description="HBM per chip, instead of a preset")
+    hbm_bytes: int | None = Field(default=None, ge=1, le=MAX_BYTES, description="HBM per chip, instead of a preset")
     manifest: Manifest | None = None
     options: PlanOptions = Field(default_factory=PlanOptions)
 

@@ -5,7 +5,8 @@
 Each benchmark runs in its own process (XLA reads its device flags once per
 process) and prints its own detailed table; their `SUMMARY` lines are
 collected into the closing table. Ratios are ours / XLA unless the row's note
-says otherwise. `--quick` runs fewer repetitions.
+says otherwise. The fuzz run (`fuzz_surfaces.py`) has no XLA to compare with: it
+prints its count of tracebacks and 5xx answers, which must be 0. `--quick` runs fewer repetitions.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SCRIPTS = [
     ("memory.py", [], []),
     ("plan_scaling.py", [], []),
     ("service.py", ["--uncached", "5", "--cached", "20"], ["--uncached", "2", "--cached", "5"]),
+    ("fuzz_surfaces.py", ["--inputs", "10000"], ["--inputs", "1000"]),
 ]
 
 

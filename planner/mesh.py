@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass
 
 _AXIS = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(\d+)\s*")
+# Far above the largest slices (v5p: 8,960 chips) and their multislice combinations; a mesh above it is a
+# typo, and its device list alone would not fit in memory.
+MAX_DEVICES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,9 @@ class Mesh:
             raise ValueError(f"mesh shape={self.shape} must be positive")
         if len(set(self.axis_names)) != len(self.axis_names):
             raise ValueError(f"mesh axis_names={self.axis_names} repeat a name")
+        if math.prod(self.shape) > MAX_DEVICES:
+            raise ValueError(f"mesh shape={self.shape} has {math.prod(self.shape):,} devices, more than the "
+                             f"{MAX_DEVICES:,} the planner reads")  # fmt: skip
         ids = self.device_ids or tuple(range(math.prod(self.shape)))
         if len(ids) != math.prod(self.shape) or len(set(ids)) != len(ids) or min(ids) < 0:
             raise ValueError(f"device_ids={self.device_ids} must be {math.prod(self.shape)} distinct ids >= 0")

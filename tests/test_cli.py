@@ -104,6 +104,24 @@ def test_capacities_and_manifests_are_refused_with_the_reason(tmp_path: Path) ->
     assert "Traceback" not in result.stderr
 
 
+def test_a_mesh_or_tiling_past_a_million_devices_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    step = tmp_path / "step.hlo"
+    step.write_text("HloModule m\n\nENTRY e {\n  ROOT p = f32[8] parameter(0)\n}\n")
+    mesh = run(sys.executable, "-m", "planner", "plan", str(step), "--mesh", "tp=99999999999")
+    assert (
+        mesh.returncode == 2 and "has 99,999,999,999 devices, more than the 1,048,576 the planner reads" in mesh.stderr
+    )
+    tiled = tmp_path / "tiled.hlo"
+    tiled.write_text(
+        "HloModule m\n\nENTRY e {\n  ROOT p = f32[8] parameter(0), sharding={devices=[1000000000]<=[1000000000]}\n}\n"
+    )
+    result = run(sys.executable, "-m", "planner", "plan", str(tiled))
+    assert (
+        result.returncode == 2
+        and f"{tiled}:4:51: tile assignment [1000000000] has 1,000,000,000 tiles" in result.stderr
+    )
+
+
 def test_propagate_prints_json_and_explains() -> None:
     path = CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.pass_input.hlo"
     result = run(sys.executable, "-m", "planner", "propagate", str(path), "--json")

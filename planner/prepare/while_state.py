@@ -128,9 +128,15 @@ def remove_elements(loop: LoopView, keep: list[int], final_as: int | None = None
     init_name = loop.edit.fresh_name("tuple")
     parent.add(tuple_of(init_name, operands, shape.elements), before=name)
     parent.replace(dataclasses.replace(loop.instruction, operands=(init_name,), shape=shape))
+    whole: str | None = None
     for user in parent.users(name):
         if user.opcode != "get-tuple-element":
-            raise AssertionError(f"{user.name} reads {name} whole; callers keep every element it needs")
+            # Read whole (a copy of the loop's result, a tuple, the root): as XLA's simplifier does, the old
+            # result is rebuilt as a tuple of the new loop's elements and the removed ones' values.
+            if whole is None:
+                whole = _rebuilt_result(loop, old, new_index, shape, initial, final_as, before=user.name)
+            parent.set_operands(user.name, tuple(whole if o == name else o for o in user.operands))
+            continue
         index = user.attr("index")
         if index in new_index:
             parent.replace(_with_index(user, new_index[index]))
@@ -139,6 +145,14 @@ def remove_elements(loop: LoopView, keep: list[int], final_as: int | None = None
         else:
             parent.replace_uses(user.name, initial[index])
             parent.remove(user.name)
+    if parent.root_name == name:
+        # The loop's result is the computation's: the rebuilt tuple takes its place, the module's shape kept.
+        if whole is None:
+            whole = _rebuilt_result(loop, old, new_index, shape, initial, final_as, before=name)
+            order = [i.name for i in parent if i.name != name]
+            order.insert(min(k for k, n in enumerate(order) if name in parent[n].operands), name)
+            parent.reorder(order)
+        parent.root_name = whole
     if init.opcode == "tuple" and not parent.has_users(init.name) and init.name != parent.root_name:
         parent.remove(init.name)
 
@@ -212,6 +226,26 @@ def _narrow_parameter(comp: ComputationEdit, shape: TupleShape, new_index: dict[
         else:
             stale.append(user.name)
     return stale
+
+
+def _rebuilt_result(loop: LoopView, old: TupleShape, new_index: dict[int, int], shape: TupleShape,
+                    initial: dict[int, str], final_as: int | None, before: str) -> str:  # fmt: skip
+    """A tuple of the loop's old shape, placed before `before` (the first reader of the whole result): kept
+    elements read from the new loop, removed ones their initial value (or, with `final_as`, that kept
+    element's final value)."""
+    parent, name = loop.parent, loop.name
+    elements = []
+    for i in range(len(old.elements)):
+        k = new_index.get(i, new_index[final_as] if final_as is not None else None)
+        if k is None:
+            elements.append(initial[i])
+            continue
+        gte = get_tuple_element(loop.edit.fresh_name("get-tuple-element"), name, shape, k)
+        parent.add(gte, before=before)
+        elements.append(gte.name)
+    rebuilt = tuple_of(loop.edit.fresh_name("tuple"), tuple(elements), old.elements)
+    parent.add(rebuilt, before=before)
+    return rebuilt.name
 
 
 def _with_index(gte: Instruction, index: int) -> Instruction:

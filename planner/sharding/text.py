@@ -9,10 +9,12 @@ tuple of such shardings. Printing is `HloSharding.to_text()`.
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 
 from planner.errors import HloParseError
+from planner.mesh import MAX_DEVICES
 from planner.scanner import Cursor, skip_balanced
 from planner.sharding.hlo_sharding import SUBGROUP_ORDER, HloSharding, ShardGroup
 from planner.sharding.tile_assignment import TileAssignment
@@ -91,6 +93,9 @@ def parse_tile_assignment_at(cursor: Cursor) -> TileAssignment:
     if m.group(1) is None:
         cursor.fail("tile assignment dims must not be empty", dims_pos)
     dims = tuple(int(x) for x in m.group(1).split(","))
+    if math.prod(dims) > MAX_DEVICES:
+        cursor.fail(f"tile assignment {list(dims)} has {math.prod(dims):,} tiles, more than the {MAX_DEVICES:,} "
+                    "devices the planner reads", dims_pos)  # fmt: skip
     devices_pos = cursor.skip_space()
     try:
         iota = cursor.try_match(_IOTA)
