@@ -126,6 +126,16 @@ def test_one_contract_units_in_forms_one_error_shape_every_answer_documented(tmp
     assert c.post("/plan", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
 
 
+def test_bytes_per_chip_come_one_entry_per_value_and_every_chip_on_request(shared: tuple[TestClient, dict]) -> None:
+    c, first = shared
+    hbm = first["plan"]["hbm"]
+    # The bundled step's 8 chips hold the same bytes: one entry, chips 0-7.
+    assert hbm["per_chip_before"] == [{"bytes": hbm["total_before"], "chips": [[0, 7]]}]
+    every = c.get(f"/plans/{first['id']}?every_chip=true").json()["plan"]["hbm"]
+    assert every["per_chip_before"] == {str(d): hbm["total_before"] for d in range(8)}
+    assert c.get(f"/plans/{first['id']}").json()["plan"]["hbm"]["per_chip_before"] == hbm["per_chip_before"]
+
+
 def test_a_tuple_shape_nested_500_deep_is_a_located_422(tmp_path: Path) -> None:
     shape = "(" * 500 + "f32[]" + ")" * 500
     response = client(tmp_path).post(

@@ -122,6 +122,14 @@ def test_a_mesh_or_tiling_past_a_million_devices_is_refused_before_it_is_built(t
     )
 
 
+def test_a_step_past_2_63_bytes_per_chip_is_refused_with_the_reason(tmp_path: Path) -> None:
+    # XLA's parser reads the shape; no buffer assignment can size it (its offsets are int64).
+    step = tmp_path / "step.hlo"
+    step.write_text("HloModule m\n\nENTRY e {\n  ROOT p = f32[9223372036854775807] parameter(0)\n}\n")
+    result = run(sys.executable, "-m", "planner", "plan", str(step))
+    assert result.returncode == 2 and "bytes per chip, more than 2^63 - 1" in result.stderr
+
+
 def test_propagate_prints_json_and_explains() -> None:
     path = CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.pass_input.hlo"
     result = run(sys.executable, "-m", "planner", "propagate", str(path), "--json")

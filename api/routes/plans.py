@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
@@ -18,6 +18,10 @@ from planner.memory import parse_byte_count
 from planner.mesh import Mesh
 
 router = APIRouter()
+EveryChip = Annotated[
+    bool,
+    Query(description="bytes per chip one entry per chip (default: one entry per distinct value, its chips as ranges)"),
+]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorDetail, "description": "a bearer token is configured and was not given"},
@@ -60,12 +64,20 @@ _UPLOAD_SCHEMA = {
     openapi_extra={"requestBody": {"required": True, "content": _UPLOAD_SCHEMA}},
 )
 async def post_plan(
-    request: Request, _: AuthDep, settings: SettingsDep, store: StoreDep, workers: WorkersDep
-) -> PlanRecord:
+    request: Request, _: AuthDep, settings: SettingsDep, store: StoreDep, workers: WorkersDep,
+    every_chip: EveryChip = False,
+) -> PlanRecord | JSONResponse:  # fmt: skip
     plan_request = await read_plan_request(request, settings.max_body_bytes)
     planned = await plan_or_cached(plan_request, store, workers, settings.max_body_bytes)
     request.state.plan_id, request.state.cached = planned.id, planned.cached  # for the request log
-    return planned
+    return _answer(planned, every_chip)
+
+
+def _answer(planned: PlanRecord, every_chip: bool) -> PlanRecord | JSONResponse:
+    """The record, its bytes per chip grouped by value; with `every_chip`, one entry per chip."""
+    if not every_chip:
+        return planned
+    return JSONResponse(planned.model_dump(mode="json", context={"every_chip": True}))
 
 
 async def read_plan_request(request: Request, limit: int) -> PlanRequest:
@@ -134,11 +146,11 @@ def validation_message(e: ValidationError) -> str:
 
 
 @router.get("/plans/{plan_id}", response_model=PlanRecord, responses={404: {"model": ErrorDetail}})
-def get_plan(plan_id: str, store: StoreDep) -> PlanRecord:
+def get_plan(plan_id: str, store: StoreDep, every_chip: EveryChip = False) -> PlanRecord | JSONResponse:
     stored = store.get(plan_id)
     if stored is None:
         raise HTTPException(404, f"no plan {plan_id!r}")
-    return record(stored, cached=True)
+    return _answer(record(stored, cached=True), every_chip)
 
 
 @router.get(

@@ -32,6 +32,8 @@ def register(sub: Any) -> None:
     p.add_argument("--min-bytes", type=bytes_arg, default=1 << 20, help="and wasting at least this much per chip")
     p.add_argument("--verify", action="store_true", help="compile original and patched module with real XLA")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--every-chip", action="store_true",
+                   help="with --json: bytes per chip one entry per chip (default: one per distinct value)")  # fmt: skip
     p.add_argument("--write-patched", type=Path, metavar="OUT.hlo", help="write the module with the placements")
     p.set_defaults(run=run)
 
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote the patched module ({chosen} placements) to {args.write_patched}", file=sys.stderr)
     for warning in plan.warnings:
         print(f"spmd-planner: warning: {warning}", file=sys.stderr)
-    print(plan.model_dump_json(indent=1) if args.json else render_plan(plan))
+    every_chip = {"every_chip": args.every_chip}
+    print(plan.model_dump_json(indent=1, context=every_chip) if args.json else render_plan(plan))
     return 0
 
 

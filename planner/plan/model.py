@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from planner.plan.chip_bytes import PerChipBytes
+
 
 class LoopInfo(BaseModel):
     name: str
@@ -132,8 +134,9 @@ class BufferInfo(BaseModel):
 class HbmInfo(BaseModel):
     backend: str = Field(default="cpu", description="the compiler predicted: cpu (XLA:CPU) or a TPU chip preset")
     capacity_bytes: int | None
-    per_chip_before: dict[str, int]
-    per_chip_after: dict[str, int]
+    # Grouped by value in JSON (`planner.plan.chip_bytes`): one entry per distinct value, not one per chip.
+    per_chip_before: PerChipBytes
+    per_chip_after: PerChipBytes
     total_before: int
     total_after: int
     breakdown_before: dict[str, int] = Field(description="bytes live at the peak, by what holds them")

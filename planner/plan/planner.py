@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from planner.errors import Unverifiable
+from planner.errors import PlanningError, Unverifiable
 from planner.gc_pause import collection_paused
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
@@ -98,6 +98,9 @@ class Simulation:
         return self.memory.total_bytes
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 def simulate(prepared: PreparedModule, capacity_bytes: int | None) -> Simulation:
     """Propagate the prepared module and size it for its target."""
     result = ShardingPropagation().apply(prepared)
@@ -151,6 +154,10 @@ def _make_plan(
         _check_manifest(module, manifest)
     chip_name = None if prepared.target.name == "cpu" else prepared.target.name
     before = simulate(prepared, capacity_bytes)
+    if before.total > _INT64_MAX:
+        # XLA's parser reads such shapes, but no buffer assignment sizes them: its offsets are int64.
+        raise PlanningError(f"the step needs {before.total:,} bytes per chip, more than 2^63 - 1: no XLA "
+                            "compile can assign its buffers (check the shapes' dims)")  # fmt: skip
     seen = prepared.module
     num_devices = before.memory.num_devices
     axes = mesh if mesh is not None else Mesh((num_devices,), ("devices",))
