@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
+import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import CORPUS, xla_cases
+from conftest import CORPUS, REPO, xla_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +27,9 @@ from planner.errors import HloParseError, PlannerError
 from planner.hlo.parser import parse_hlo
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
+
+sys.path.insert(0, str(REPO / "bench"))
+from fuzz_surfaces import time_bound
 
 EXAMPLES = int(os.environ.get("SPMD_FUZZ_EXAMPLES", "150"))
 SECONDS_PER_INPUT = 30
@@ -116,20 +117,6 @@ def mutate(draw: st.DrawFn, text: str) -> str:
         else:
             text = draw(st.sampled_from(MUTATIONS))(text, draw(st.floats(0, 1)))
     return text
-
-
-@contextmanager
-def time_bound(seconds: int) -> Iterator[None]:
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"input ran past {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def outcome(text: str) -> str:
