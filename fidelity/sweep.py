@@ -150,6 +150,7 @@ def _stablehlo_agrees(case: Case, backend: str, dump_result: PropagationResult, 
     from planner.prepare import prepare
     from planner.propagation import propagate
 
+    ensure_stablehlo_forms([case])  # lowered once, cached by content (a clean checkout has none)
     pasted = prepare(parse_hlo(stablehlo_path(case).read_text()), backend)
     result = propagate(pasted)
     same = [(i.opcode, i.sharding) for i in result.instructions] == [
