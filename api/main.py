@@ -19,6 +19,7 @@ from api.models import PlanRequest
 from api.openapi_examples import example_for, service_examples
 from api.request_log import RequestLog
 from api.routes import dashboard, health, plans
+from api.routes.plans import validation_message
 from api.settings import Settings, get_settings
 from api.store import PlanStore
 from api.worker import JobFailed, PlanWorkers
@@ -58,11 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, e: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer is a list of errors; every other error here is `{"detail": "..."}`.
-        errors = e.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(x) for x in first["loc"]) or "request"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return JSONResponse({"detail": f"{where}: {first['msg']}{more}"}, status_code=422)
+        return JSONResponse({"detail": validation_message(e.errors(), "request")}, status_code=422)
 
     @app.exception_handler(JobFailed)
     async def job_failed(request: Request, e: JobFailed) -> JSONResponse:

@@ -141,11 +141,10 @@ class PlanWorkers:
         except TimeoutError:
             raise JobFailed(504, f"planning took longer than the time limit of {self.time_limit:g} s") from None
         finally:
+            # The child if it still runs, and whatever it started and left behind.
+            _kill_group(child)
             if child.returncode is None:
-                _kill_group(child)
                 await child.wait()
-            else:
-                _kill_group(child)  # what the plan started and left behind
             # The next spare starts once this plan is done: on a small machine a spare importing the
             # planner beside a running plan would slow the plan down by as much as it saves.
             if self._warm:

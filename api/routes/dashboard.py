@@ -64,7 +64,7 @@ async def submit(
     except JobFailed as e:
         return _index(request, store, settings, 0, e.message, echo, e.status)
     except ValidationError as e:
-        return _index(request, store, settings, 0, validation_message(e), echo, 422)
+        return _index(request, store, settings, 0, validation_message(e.errors()), echo, 422)
     return RedirectResponse(f"/plans/{record.id}/view", status_code=303)
 
 

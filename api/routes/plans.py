@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -89,7 +90,7 @@ async def read_plan_request(request: Request, limit: int) -> PlanRequest:
         if kind in ("application/json", ""):
             return PlanRequest.model_validate_json(await request.body())
     except ValidationError as e:
-        raise HTTPException(422, validation_message(e)) from None
+        raise HTTPException(422, validation_message(e.errors())) from None
     except JobFailed:
         raise
     except ValueError as e:
@@ -138,10 +139,12 @@ def _text(form: Any, key: str) -> str | None:
     return value.strip() or None if isinstance(value, str) else None
 
 
-def validation_message(e: ValidationError) -> str:
-    first = e.errors()[0]
-    where = ".".join(str(x) for x in first["loc"]) or "body"
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+def validation_message(errors: Sequence[Any], whole: str = "body") -> str:
+    """The first of pydantic's (or FastAPI's) validation errors, located: `mesh.shape: ... (and 2 more)`;
+    `whole` names the place of an error located nowhere deeper."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid"}
+    where = ".".join(str(x) for x in first["loc"]) or whole
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {first['msg']}{more}"
 
 

@@ -27,6 +27,7 @@ is read as it is.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from planner.hlo.ir import Attribute, HloModule
 from planner.hlo.shapes import ArrayShape
@@ -48,12 +49,12 @@ def with_jax_compile_defaults(module: HloModule, mesh: Mesh | None = None) -> tu
     if not is_jax_lowering(module):
         return module, []
     flags = output_flags_from_root(module)
-    added = [Attribute(OUTPUT_FLAGS, flags, _flags_text(flags))]
+    added = [Attribute(OUTPUT_FLAGS, flags, flags_text(flags))]
     if module.attr(PARAMETER_FLAGS) is None:
         # An argument whose in_sharding was left unspecified has no sharding in the lowered text; a scalar
         # has none either way (JAX leaves P() off scalars), and is replicated either way.
         to_parameters = tuple(p.sharding is None and getattr(p.shape, "rank", 0) > 0 for p in module.entry.parameters)
-        added.append(Attribute(PARAMETER_FLAGS, to_parameters, _flags_text(to_parameters)))
+        added.append(Attribute(PARAMETER_FLAGS, to_parameters, flags_text(to_parameters)))
     partitions = module.attr(NUM_PARTITIONS)
     if partitions is None:
         partitions = mesh.num_devices if mesh is not None else _devices_named(module)
@@ -112,7 +113,8 @@ def _devices_named(module: HloModule) -> int | None:
     return None
 
 
-def _flags_text(flags: tuple[bool, ...]) -> str:
+def flags_text(flags: Iterable[bool]) -> str:
+    """A flag list as the `HloModule` header writes it: `{true,false}`."""
     return "{" + ",".join("true" if f else "false" for f in flags) + "}"
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import HloParseError
+from planner.hlo.compile_defaults import NUM_PARTITIONS, OUTPUT_FLAGS, PARAMETER_FLAGS, flags_text
 
 SHARDING_ATTRIBUTES = ("mhlo.sharding", "sdy.sharding")
 # MLIR text starts with an optional attribute alias block (`#loc = ...`), then `module` or a bare func.
@@ -64,12 +65,9 @@ class EntrySignature:
         to_parameters = (not s and r > 0 for s, r in zip(self.arguments_sharded, self.argument_ranks))
         all_free = not any(self.results_sharded)
         to_output = (not s and (r > 0 or all_free) for s, r in zip(self.results_sharded, self.result_ranks))
-        options = [
-            f"allow_spmd_sharding_propagation_to_parameters={_flags(to_parameters)}",
-            f"allow_spmd_sharding_propagation_to_output={_flags(to_output)}",
-        ]
+        options = [f"{PARAMETER_FLAGS}={flags_text(to_parameters)}", f"{OUTPUT_FLAGS}={flags_text(to_output)}"]
         if self.num_partitions is not None:
-            options.append(f"num_partitions={self.num_partitions}")
+            options.append(f"{NUM_PARTITIONS}={self.num_partitions}")
         return ", " + ", ".join(options)
 
 
@@ -86,7 +84,9 @@ def read_stablehlo(text: str, source: str = "") -> str:
             raise _error(text, line, column, f"StableHLO text: {message}", source) from None
         signature = _entry_signature(ir, module, text, source)
         try:
-            computation = converter.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False)
+            # The module as parsed, as bytecode (what JAX's `Lowered.hlo()` converts): not parsed twice.
+            bytecode = jax_mlir.module_to_bytecode(module)
+            computation = converter.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False)
         except Exception as e:  # jaxlib raises XlaRuntimeError, which only it can name
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             line, column = _position(first)
@@ -118,8 +118,13 @@ def _jaxlib(text: str, source: str) -> tuple[Any, Any, Any]:
     return ir, jax_mlir, _jax
 
 
+def main_function(module: Any) -> Any:
+    """The module's `func.func @main`, the entry JAX compiles, or None."""
+    return next((op for op in module.body.operations if _symbol(op) == "main"), None)
+
+
 def _entry_signature(ir: Any, module: Any, text: str, source: str) -> EntrySignature:
-    main = next((op for op in module.body.operations if _symbol(op) == "main"), None)
+    main = main_function(module)
     if main is None:
         raise _error(text, 1, 1, "StableHLO text has no @main function, the entry JAX compiles", source)
     attributes = main.attributes
@@ -157,10 +162,6 @@ def _dicts(attributes: Any, key: str, count: int) -> list[Any]:
 
 def _sharded(dictionary: Any) -> bool:
     return dictionary is not None and any(name in dictionary for name in SHARDING_ATTRIBUTES)
-
-
-def _flags(values: Any) -> str:
-    return "{" + ",".join("true" if v else "false" for v in values) + "}"
 
 
 def _position(location: str) -> tuple[int, int]:

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, Field, PlainSerializer, SerializationInfo, WithJsonSchema
 
+from planner.mesh import MAX_DEVICES
+
 
 class ChipBytesGroup(BaseModel):
     bytes: int = Field(description="bytes per chip")
@@ -50,7 +52,7 @@ def _from_json(value: Any) -> Any:
     for item in value:
         group = ChipBytesGroup.model_validate(item)
         for first, last in group.chips:
-            if last < first or last - first >= 1 << 20:
+            if last < first or last - first >= MAX_DEVICES:
                 raise ValueError(f"chip range [{first}, {last}] is empty or larger than any mesh")
             expanded.update((str(c), group.bytes) for c in range(first, last + 1))
     return expanded

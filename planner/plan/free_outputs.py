@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 
+from planner.hlo.stablehlo_text import main_function
 from planner.plan.stablehlo import _entries
 
 
@@ -28,8 +29,8 @@ def unpin_free_outputs(mlir: bytes, flags: tuple[bool, ...]) -> bytes:
 
     with jax_mlir.make_ir_context(), ir.Location.unknown():
         module = ir.Module.parse(mlir)
-        (main,) = [op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main"]
-        if "res_attrs" not in main.attributes:
+        main = main_function(module)
+        if main is None or "res_attrs" not in main.attributes:
             return mlir
         results = [_entries(ir.DictAttr(d)) for d in ir.ArrayAttr(main.attributes["res_attrs"])]
         if len(results) != len(flags):
