@@ -20,7 +20,7 @@ from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.hlo.loops import while_loops
 from planner.hlo.printer import print_module
-from planner.memory import memory_timeline
+from planner.memory import estimate_memory, memory_timeline
 from planner.plan.planner import make_plan
 from planner.plan.scan_pairs import output_positions
 from planner.plan.verify import output_propagation
@@ -104,3 +104,22 @@ def test_the_timeline_draws_the_loops_nested_in_a_loop_body(records: dict[str, d
     # highest of all: the model adds each body's peak where its While runs.
     entry = series[0]
     assert max(s.peak_bytes for s in series) == entry.peak_bytes
+
+
+@pytest.mark.parametrize("case", [FREE, PINNED], ids=["free", "pinned"])
+def test_the_accumulators_are_returned_in_their_own_buffers(records: dict[str, dict[str, Any]], case: Case) -> None:
+    """The step divides each f32 accumulator by the microbatch count once the outer loop ends; XLA writes the
+    quotient into the accumulator's dying buffer (both compilers' buffer assignments put the loop's result and
+    the output in one allocation), so the gradients are held once, as outputs."""
+    prepared = prepare(parse_hlo_file(reference_path(case)), "cpu")
+    result = propagate(prepared)
+    estimate = estimate_memory(prepared, result)
+    module = prepared.module
+    outer = next(loop for loop in while_loops(module) if loop.computation == module.entry_name)
+    carried = [b for b in estimate.buffers if b.defined_by.startswith(f"{outer.name}[") and b.shape.rank == 3
+               and b.category != "parameter"]  # fmt: skip
+    # The accumulators of every matrix of the layer (the stacked weights ride along read-only as parameters).
+    assert len(carried) == 7 and all(b.category == "output" for b in carried)
+    # Measured on XLA:CPU: -2.5% (free) and +2.2% (pinned); held twice they were +12.4% and +7.1%.
+    xla = _total(records[case.name], "cpu")
+    assert abs(estimate.total_bytes - xla) <= 0.05 * xla, (estimate.total_bytes, xla)

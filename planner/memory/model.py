@@ -12,7 +12,6 @@ that While's own body peak, innermost first.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from planner.hlo.ir import Computation, HloModule, Instruction
@@ -27,7 +26,7 @@ from planner.memory.buffers import (
 )
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
-from planner.memory.values import ValueModel
+from planner.memory.values import ValueModel, aliased_outputs
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
@@ -191,18 +190,6 @@ def estimate_module(
     ]
     estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate
-
-
-_ALIAS_ENTRY = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)")
-
-
-def aliased_outputs(module: HloModule) -> set[int]:
-    """Output tuple indices that `input_output_alias={ {0}: (1, {}, may-alias) }` ties to a parameter."""
-    alias = module.attr("input_output_alias")
-    if alias is None:
-        return set()
-    text = getattr(alias, "text", str(alias))
-    return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
 
 
 def _depth(comp: str, body_of: dict[str, Instruction], owner_of: dict[str, str]) -> int:

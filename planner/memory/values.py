@@ -9,8 +9,11 @@ and, where XLA's copy insertion does not copy, to its init. A union-find holds w
 
 from __future__ import annotations
 
+import re
+
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
+from planner.hlo.opcodes import ELEMENTWISE
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.hlo.tuple_leaves import leaf_offsets
 from planner.memory.buffers import (
@@ -69,6 +72,51 @@ class ValueModel:
             comp = self.module.computation(name)
             for inst in comp.instructions:
                 self._define(comp, inst)
+        self._outputs_reuse_dying_operands()
+
+    def _outputs_reuse_dying_operands(self) -> None:
+        """An elementwise output writes into the buffer of an operand that dies there.
+
+        XLA's buffer assignment lets an elementwise instruction share its operand's buffer when the
+        shapes match and nothing reads the operand afterwards (`CanShareOperandBufferWithUser`). For
+        the entry's outputs this is what moves a temporary into the output allocation: gradients
+        accumulated over microbatches in a loop and divided by their count once it ends are returned
+        in the accumulators' own buffers, so they are held once, as outputs, not twice.
+        """
+        entry = self.module.entry
+        root = entry.root
+        if root.opcode != "tuple":
+            return
+        parameters = {self.uf.find(v) for v in self._entry_parameter_values()}
+        # An output donated a parameter's buffer is written there instead.
+        donated = aliased_outputs(self.module)
+        members: dict[Value, set[Value]] = {}
+        for v in self.size:
+            if v[0] == entry.name:
+                members.setdefault(self.uf.find(v), set()).add(v)
+        for index, name in enumerate(root.operands):
+            if root.operands.count(name) != 1 or index in donated:
+                continue
+            # A placement pins an output with a Sharding annotation: a view of what it annotates.
+            while is_sharding_annotation(entry[name]) and self._same_buffer(entry, entry[name].operands[0], name):
+                name = entry[name].operands[0]
+            inst = entry[name]
+            if inst.opcode not in ELEMENTWISE:
+                continue
+            out = self.value(entry.name, name, 0)
+            if out not in self.allocating:
+                continue
+            for operand in dict.fromkeys(inst.operands):
+                source = self.value(entry.name, operand, 0)
+                group = self.uf.find(source)
+                if self.size.get(source) != self.size[out] or group in parameters:
+                    continue
+                if _only_reader(entry, members.get(group, set())) == name:
+                    self.uf.union(source, out)
+                    break
+
+    def _same_buffer(self, comp: Computation, a: str, b: str) -> bool:
+        return self.uf.find(self.value(comp.name, a, 0)) == self.uf.find(self.value(comp.name, b, 0))
 
     def walk_order(self) -> list[str]:
         """Entry and every While body/condition reachable from it."""
@@ -235,3 +283,34 @@ def dead_pass_through(body: Computation, cond: Computation) -> set[int]:
         ):
             dropped.add(i)
     return dropped
+
+
+def _only_reader(comp: Computation, members: set[Value]) -> str | None:
+    """The one instruction of `comp` that reads the buffer whose values in `comp` are `members`
+    (outside the views that share it), or None when there are several or none."""
+    found: set[str] = set()
+    for _, name, leaf in members:
+        for user in comp.users(name):
+            u = comp[user]
+            if u.opcode == "get-tuple-element":
+                source = comp[u.operands[0]].shape
+                assert isinstance(source, TupleShape)
+                base = leaf_offsets(source)[u.attr("index")]
+                if not base <= leaf < base + len(array_leaves(u.shape)):
+                    continue
+            if any((comp.name, user, k) in members for k in range(len(array_leaves(u.shape)))):
+                continue
+            found.add(user)
+    return next(iter(found)) if len(found) == 1 else None
+
+
+_ALIAS_ENTRY = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)")
+
+
+def aliased_outputs(module: HloModule) -> set[int]:
+    """Output tuple indices that `input_output_alias={ {0}: (1, {}, may-alias) }` ties to a parameter."""
+    alias = module.attr("input_output_alias")
+    if alias is None:
+        return set()
+    text = getattr(alias, "text", str(alias))
+    return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
