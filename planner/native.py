@@ -54,6 +54,7 @@ MODULES: tuple[str, ...] = (
     "planner/memory/communication.py",
     "planner/memory/conversions.py",
     "planner/memory/values.py",
+    "planner/memory/schedule.py",
     "planner/memory/model.py",
     "planner/memory/timeline.py",
 )

@@ -37,12 +37,15 @@ class Backend:
     narrows_f32_dot_operands: bool = False
     alternate_memory_bytes: int = 0
     lends_unwritten_outputs: bool = False
+    # The compiler orders each computation for the least memory (XLA:CPU's memory scheduler), not for
+    # latency (XLA:TPU's and XLA:GPU's latency-hiding schedulers): the model measures that order too.
+    schedules_for_memory: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("cpu", "cpu", widens_half_floats=True),
+        Backend("cpu", "cpu", widens_half_floats=True, schedules_for_memory=True),
         Backend("tpu", "tpu", narrows_f32_dot_operands=True, lends_unwritten_outputs=True),
         Backend(
             "v6e", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=96 * MIB, lends_unwritten_outputs=True

@@ -43,6 +43,7 @@ def test_hoisted_f32_stacks_bring_the_prediction_to_xla_cpu_s(references: None, 
                            for _, leaf, _, label in hoisted)  # fmt: skip
     ours = memory_report(prepared, result=result).total_bytes
     added = sum(size for _, _, size, _ in hoisted)
-    # Measured: within 5% of XLA:CPU with them (-2.9%, -4.0%), 10% short or more without (-19.2%, -10.2%).
-    assert len(BF16) == 2 and abs(ours - xla) / xla < 0.05
-    assert (ours - added - xla) / xla < -0.10
+    # Measured: -4.2% and -6.5% of XLA:CPU with them, a quarter short or more without (-37.7%, -26.1%). The
+    # rest is XLA's heap packing: on the dots step its temporaries peak at 117.9 MiB live, its heap is 146.2.
+    assert len(BF16) == 2 and abs(ours - xla) / xla < 0.07
+    assert (ours - added - xla) / xla < -0.20

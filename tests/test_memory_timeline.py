@@ -46,7 +46,9 @@ def test_entry_peak_is_the_report_s_total_at_the_report_s_peak(path: Path, backe
     entry = series[0]
     assert entry.label == "entry" and entry.computation == inlined.entry_name
     assert max(entry.live_bytes) == entry.peak_bytes == report.total_bytes
-    assert entry.positions[entry.peak_index] == inlined.entry.instructions[estimate.peak_position].name
+    # Positions are in the order the estimate ran the entry in (XLA:CPU's scheduler may reorder it).
+    scheduled = (estimate.scheduled or inlined).entry
+    assert entry.positions[entry.peak_index] == scheduled.instructions[estimate.peak_position].name
     # Arguments and outputs are held the whole step: nothing dips below them.
     assert min(entry.live_bytes) >= report.argument_bytes + report.output_bytes - report.alias_bytes
     loops = [loop for loop in prepared.loops if loop.computation == inlined.entry_name]

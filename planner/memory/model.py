@@ -4,7 +4,9 @@ Reported in XLA's own terms (compiled memory stats): arguments + outputs +
 temporaries - aliased bytes, per device. Arguments are the entry parameters,
 outputs the buffers the entry root returns, temporaries the peak of
 everything else live at once, walking the entry computation in its order
-(text order is the schedule). A While holds its carried buffers for the whole
+(text order is the schedule; for a compiler that schedules for memory, each
+computation in whichever of its text order and `schedule.list_schedule`'s
+needs less, the order kept in `MemoryEstimate.scheduled`). A While holds its carried buffers for the whole
 loop and adds the peak of its body's own temporaries; a body's peak includes,
 at each While nested in it (the layer scan inside a scan over microbatches),
 that While's own body peak, innermost first.
@@ -26,6 +28,7 @@ from planner.memory.buffers import (
 )
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
+from planner.memory.schedule import list_schedule, with_schedule
 from planner.memory.values import ValueModel, aliased_outputs
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
@@ -50,6 +53,8 @@ class MemoryEstimate:
     on_chip_bytes: int = 0
     # Each While body's peak of its own buffers, added at its While's position.
     body_peak_bytes: dict[str, int] = field(default_factory=dict)
+    # The module in the instruction order the positions above refer to (None: as given).
+    scheduled: HloModule | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -59,6 +64,39 @@ class MemoryEstimate:
 def estimate_module(
     module: HloModule, result: PropagationResult, mesh: Mesh | None = None, target: str | Backend = "cpu"
 ) -> MemoryEstimate:
+    """Per-device bytes of `module` as `target` compiles it, in the order that compiler would run it.
+
+    A compiler that schedules for memory picks, per computation, the order whose heap is smallest: each
+    While body (innermost first), then the entry, is measured in its list schedule too and keeps it
+    where the step needs less.
+    """
+    estimate = _estimate_in_order(module, result, mesh, target)
+    if not backend_of(target).schedules_for_memory:
+        return estimate
+    model = ValueModel(module, result)
+    model.build()
+    owner_of = {inst.name: comp.name for comp in module.computations for inst in comp.instructions
+                if inst.opcode == "while"}  # fmt: skip
+    bodies = [inst.attr("body").names[0] for inst in model.body_of.values() if inst.opcode == "while"]
+    innermost_first = sorted(dict.fromkeys(bodies), key=lambda c: -_depth(c, model.body_of, owner_of))
+    scheduled = module
+    for name in [*innermost_first, module.entry_name]:
+        order = list_schedule(scheduled.computation(name), model)
+        if order == scheduled.computation(name).instructions:
+            continue
+        trial = with_schedule(scheduled, {name: order})
+        measured = _estimate_in_order(trial, result, mesh, target)
+        if measured.total_bytes < estimate.total_bytes:
+            estimate, scheduled = measured, trial
+    if scheduled is not module:
+        estimate.scheduled = scheduled
+    return estimate
+
+
+def _estimate_in_order(
+    module: HloModule, result: PropagationResult, mesh: Mesh | None, target: str | Backend
+) -> MemoryEstimate:
+    """`estimate_module` with every computation run in the order `module` gives it."""
     backend = backend_of(target)
     model = ValueModel(module, result)
     model.build()

@@ -63,6 +63,8 @@ def timelines(
 ) -> list[Timeline]:
     """Read `estimate` (made by `estimate_module` from the same module, result and target) as timelines."""
     backend = backend_of(target)
+    # Positions are the estimate's: in the order the compiler runs each computation.
+    module = estimate.scheduled or module
     entry = module.entry
     live = _live(len(entry.instructions), [(b.start, b.end, b.size_bytes) for b in _entry_temporaries(estimate)])
     local = _body_live(module, result, estimate, backend)

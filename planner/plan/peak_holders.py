@@ -180,7 +180,8 @@ def peak_holders(
         taken = min(rest, totals[kind])
         totals[kind] -= taken
         rest -= taken
-    at_peak = module.entry.instructions[estimate.peak_position] if module.entry.instructions else None
+    scheduled = (estimate.scheduled or module).entry  # the order the estimate's positions refer to
+    at_peak = scheduled.instructions[estimate.peak_position] if scheduled.instructions else None
     if at_peak is not None and at_peak.opcode == "while":
         body = at_peak.attr("body").names[0]
         for b in estimate.buffers:

@@ -1,0 +1,77 @@
+"""XLA:CPU runs each computation in the order its memory scheduler finds leanest, not in program order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fidelity.cases import CI_SUBSET
+from fidelity.references import ensure_references, reference_path
+from fidelity.sweep import compiler_bytes
+from planner import parse_hlo, parse_hlo_file
+from planner.memory import estimate_memory
+from planner.memory.model import _estimate_in_order
+from planner.memory.schedule import list_schedule
+from planner.memory.values import ValueModel
+from planner.prepare import prepare
+from planner.propagation import propagate
+
+# `big` (8 MiB) is written first but read last; `t0` (4 MiB) and its product `d0` (1 MiB) come and go between.
+EARLY_BIG = """HloModule m
+
+ENTRY e {
+  p = f32[1024,1024] parameter(0)
+  w = f32[1024,256] parameter(1)
+  s = f32[1024,1024] sine(p)
+  c = f32[1024,1024] cosine(p)
+  big = f32[2048,1024] concatenate(s, c), dimensions={0}
+  t0 = f32[1024,1024] exponential(p)
+  d0 = f32[1024,256] dot(t0, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT out = f32[2048,256] dot(big, d0), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_the_list_schedule_makes_a_large_temporary_just_before_its_reader() -> None:
+    prepared = prepare(parse_hlo(EARLY_BIG), "cpu")
+    module = prepared.module
+    result = propagate(prepared)
+    model = ValueModel(module, result)
+    model.build()
+    order = [inst.name for inst in list_schedule(module.entry, model)]
+    assert sorted(order) == sorted(inst.name for inst in module.entry.instructions)
+    assert order.index("big") > order.index("d0") and order[-1] == "out"
+    # Program order holds `big` through the small temporaries; the schedule XLA:CPU would pick does not.
+    as_written = _estimate_in_order(module, result, None, "cpu")
+    estimate = estimate_memory(prepared, result)
+    # Program order: big, t0 and d0 at once (13 MiB); scheduled: t0 then d0, then big with d0 (9 MiB).
+    assert (as_written.temp_bytes, estimate.temp_bytes) == (13 * 2**20, 9 * 2**20)
+    assert estimate.scheduled is not None and estimate.scheduled.entry.instructions[-2].name == "big"
+    # XLA:TPU schedules for latency: its estimate keeps the program order.
+    tpu = prepare(parse_hlo(EARLY_BIG), "v6e")
+    assert estimate_memory(tpu, propagate(tpu)).scheduled is None
+
+
+# CI subset steps whose backward bodies write a large temporary long before its reader.
+REORDERED = [c for c in CI_SUBSET if c.name in ("ci_jax_llama_dots_f32_gspmd_data2_fsdp2_tp2_L4_D1024_free",
+                                               "ci_jax_llama_lmtied_onehot_V8192_adamwclip_f32master_noremat_bf16_gspmd_fsdp2_tp4_L4_D1024_pinned")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def references() -> None:
+    assert ensure_references(REORDERED, jobs=2) == []
+
+
+@pytest.mark.parametrize("case", REORDERED, ids=[c.name for c in REORDERED])
+def test_the_scheduled_order_brings_the_prediction_to_xla_cpu_s(references: None, case) -> None:  # type: ignore[no-untyped-def]
+    hlo = reference_path(case)
+    xla = compiler_bytes(json.loads(hlo.with_suffix(".xla.json").read_text()), "cpu")
+    prepared = prepare(parse_hlo_file(hlo), "cpu")
+    result = propagate(prepared)
+    as_written = _estimate_in_order(prepared.module, result, prepared.mesh, prepared.target).total_bytes
+    scheduled = estimate_memory(prepared, result).total_bytes
+    # Measured: +10.9% and +12.4% of XLA:CPU in program order, +5.2% and +5.6% in the order kept.
+    assert len(REORDERED) == 2
+    assert (as_written - xla) / xla > 0.10
+    assert abs(scheduled - xla) / xla < 0.06
