@@ -70,17 +70,14 @@ def estimate_module(
     While body (innermost first), then the entry, is measured in its list schedule too and keeps it
     where the step needs less.
     """
-    estimate = _estimate_in_order(module, result, mesh, target)
-    if not backend_of(target).schedules_for_memory:
-        return estimate
     model = ValueModel(module, result)
     model.build()
-    owner_of = {inst.name: comp.name for comp in module.computations for inst in comp.instructions
-                if inst.opcode == "while"}  # fmt: skip
-    bodies = [inst.attr("body").names[0] for inst in model.body_of.values() if inst.opcode == "while"]
-    innermost_first = sorted(dict.fromkeys(bodies), key=lambda c: -_depth(c, model.body_of, owner_of))
+    estimate = _estimate_in_order(module, result, mesh, target, model)
+    if not backend_of(target).schedules_for_memory:
+        return estimate
+    bodies = [c for c in _innermost_first(module, model.body_of) if model.body_of[c].attr("body").names[0] == c]
     scheduled = module
-    for name in [*innermost_first, module.entry_name]:
+    for name in [*bodies, module.entry_name]:
         order = list_schedule(scheduled.computation(name), model)
         if order == scheduled.computation(name).instructions:
             continue
@@ -94,12 +91,18 @@ def estimate_module(
 
 
 def _estimate_in_order(
-    module: HloModule, result: PropagationResult, mesh: Mesh | None, target: str | Backend
+    module: HloModule,
+    result: PropagationResult,
+    mesh: Mesh | None,
+    target: str | Backend,
+    model: ValueModel | None = None,
 ) -> MemoryEstimate:
-    """`estimate_module` with every computation run in the order `module` gives it."""
+    """`estimate_module` with every computation run in the order `module` gives it (`model`: its
+    value model, when already built)."""
     backend = backend_of(target)
-    model = ValueModel(module, result)
-    model.build()
+    if model is None:
+        model = ValueModel(module, result)
+        model.build()
     uf = model.uf
     groups: dict[Value, list[Value]] = {}
     for v in model.size:
@@ -189,9 +192,7 @@ def _estimate_in_order(
                 buffers.append(Buffer(len(buffers), size, label, entry.name, leaf, None, "temporary", None, at, at))
     # Body-local temporaries: their peak adds at the While's position, in the entry or in the body the
     # While is nested in. Innermost bodies first, so each outer body's peak holds its nested ones.
-    owner_of = {inst.name: comp.name for comp in module.computations for inst in comp.instructions
-                if inst.opcode == "while"}  # fmt: skip
-    for comp_name in sorted(model.body_of, key=lambda c: -_depth(c, model.body_of, owner_of)):
+    for comp_name in _innermost_first(module, model.body_of):
         local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
         transient = [
             (span.start, span.end, widened_bytes(span.size_bytes, span.shape, backend))
@@ -228,6 +229,13 @@ def _estimate_in_order(
     ]
     estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate
+
+
+def _innermost_first(module: HloModule, body_of: dict[str, Instruction]) -> list[str]:
+    """Every While body and condition, the most deeply nested first (program order among equals)."""
+    owner_of = {inst.name: comp.name for comp in module.computations for inst in comp.instructions
+                if inst.opcode == "while"}  # fmt: skip
+    return sorted(body_of, key=lambda c: -_depth(c, body_of, owner_of))
 
 
 def _depth(comp: str, body_of: dict[str, Instruction], owner_of: dict[str, str]) -> int:

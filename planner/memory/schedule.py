@@ -33,9 +33,12 @@ def list_schedule(comp: Computation, model: ValueModel) -> tuple[Instruction, ..
     name = comp.name
     index = {inst.name: k for k, inst in enumerate(comp.instructions)}
     leaves: dict[str, list[Value]] = {}
-    for value in model.size:
+    size: dict[Value, int] = {}  # per buffer: its largest value
+    for value, value_bytes in model.size.items():
         if value[0] == name:
             leaves.setdefault(value[1], []).append(value)
+            group = model.uf.find(value)
+            size[group] = max(size.get(group, 0), value_bytes)
     # Each buffer is allocated by the first instruction (in program order) defining one of its values.
     owner: dict[Value, str] = {}
     allocates = dict.fromkeys(index, 0)
@@ -45,11 +48,6 @@ def list_schedule(comp: Computation, model: ValueModel) -> tuple[Instruction, ..
             if value in model.allocating and group not in owner:
                 owner[group] = inst.name
                 allocates[inst.name] += model.size[value]
-    size: dict[Value, int] = {}
-    for value in model.size:
-        if value[0] == name:
-            group = model.uf.find(value)
-            size[group] = max(size.get(group, 0), model.size[value])
     reads: dict[str, set[Value]] = {n: set() for n in index}
     waiting: dict[Value, set[str]] = {}
     for inst in comp.instructions:
