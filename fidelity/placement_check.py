@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from fidelity.references import PROJECT_ROOT, cache_dir
+from planner.errors import UnfaithfulConversion
+from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
-from planner.plan.verify import OutputFlags, compile_with_xla, output_propagation
+from planner.plan.verify import FAITHFUL, OutputFlags, Texts, compile_forms, compile_with_xla, output_propagation
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,9 @@ class PlacementCheck:
     """Bytes per chip, the compiler's and ours, before and after the plan's recommended change set.
 
     `xla_before` and `xla_after` compile the same representation, the module with its calls inlined
-    (the one placements are written into), without and with the change set, so their difference is
-    the change set's alone. `xla_as_given` compiles the module as the front end produced it: XLA:TPU
-    can allocate it differently from its inlined form (a GPT-2 LM step with tied embeddings on v6e:2x4: 1,007.0
-    MiB as given, 1,396.1 MiB inlined, with or without any placement).
+    (the one placements are written into), without and with the change set, the way `plan --verify`
+    compiles them (`planner.plan.verify.compile_forms`), so their difference is the change set's alone.
+    `xla_as_given` compiles the module as the front end produced it.
     """
 
     xla_as_given: int
@@ -84,17 +85,28 @@ def _compile_path() -> str:
     return digest.hexdigest()
 
 
-def compiled_bytes(text: str, num_devices: int, allow_output: OutputFlags, topology: str | None) -> int:
+def compiled_bytes(
+    text: str, num_devices: int, allow_output: OutputFlags, topology: str | None, conversion: str | None = None
+) -> int:
     """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
-    ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one."""
+    ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one; `conversion` as in
+    `compile_with_xla`."""
     compiler = topology or f"cpu:{num_devices}"
-    key_text = f"{compiler}\n{allow_output}\n{_versions()}\n{_compile_path()}\n{text}"
+    key_text = f"{compiler}\n{allow_output}\n{conversion}\n{_versions()}\n{_compile_path()}\n{text}"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
     path = cache_dir() / ("tpu_compiles" if topology else "cpu_compiles") / f"{key}.json"
     if path.exists():
-        return int(json.loads(path.read_text())["total_bytes"])
-    report = compile_with_xla(text, num_devices, allow_output, tpu_topology=topology)
+        cached = json.loads(path.read_text())
+        if "unfaithful" in cached:
+            raise UnfaithfulConversion(cached["unfaithful"])
+        return int(cached["total_bytes"])
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        report = compile_with_xla(text, num_devices, allow_output, tpu_topology=topology, conversion=conversion)
+    except UnfaithfulConversion as e:
+        # A refusal is as much a property of the text as its bytes: kept, so a sweep does not convert it again.
+        path.write_text(json.dumps({"compiler": compiler, "unfaithful": str(e)}))
+        raise
     path.write_text(json.dumps({"compiler": compiler, "total_bytes": report["total_bytes"]}))
     return int(report["total_bytes"])
 
@@ -106,7 +118,16 @@ def check_change_set(
     `original` as given, `front` its inlined form the placements are written into, `patched` that form with the
     plan's recommended placements."""
     allow_output = output_propagation(original)
-    as_given, before, after = (
-        compiled_bytes(print_module(m), num_devices, allow_output, topology) for m in (original, front, patched)
+    texts = Texts(print_module(original), print_module(front), print_module(patched))
+    as_given, before, after = compile_forms(
+        texts,
+        lambda text, conversion: {"total_bytes": compiled_bytes(text, num_devices, allow_output, topology, conversion)},
+        None if is_torch_xla_module(original) else FAITHFUL,
     )
-    return PlacementCheck(as_given, before, after, plan.hbm.total_before, plan.hbm.total_after)
+    return PlacementCheck(
+        as_given["total_bytes"],
+        before["total_bytes"],
+        after["total_bytes"],
+        plan.hbm.total_before,
+        plan.hbm.total_after,
+    )

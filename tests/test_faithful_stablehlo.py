@@ -20,8 +20,18 @@ from planner.data import DEFAULT_DUMP
 from planner.errors import UnfaithfulConversion
 from planner.hlo.compat import for_jaxlib_0_7
 from planner.hlo.parser import parse_hlo, parse_hlo_file
+from planner.hlo.printer import print_module
 from planner.hlo.seal import SealInstructions, SealLoopPassThrough
-from planner.plan.verify import Predicted, Texts, compile_with_xla, output_propagation, verify_on_tpu
+from planner.plan.verify import (
+    FAITHFUL,
+    Predicted,
+    Texts,
+    compile_forms,
+    compile_with_xla,
+    output_propagation,
+    verify_on_tpu,
+)
+from planner.prepare import prepare
 
 TRUTHS = sorted((CORPUS / "torch_xla").glob("*.truth.json"))
 ROUND_TRIP = Path(__file__).parent / "fixtures" / "round_trip"
@@ -104,10 +114,55 @@ def test_the_round_trip_check_refuses_a_conversion_that_drops_buffer_donors() ->
 def test_verify_withholds_xla_tpu_for_a_module_the_conversion_refuses() -> None:
     pytest.importorskip("libtpu")
     text = (ROUND_TRIP / "unit_dim_inside.hlo").read_text()
-    tpu, skipped = verify_on_tpu(Texts(text, text, text), 8, False, "v6e:2x4", Predicted(0, 0))
+    tpu, skipped = verify_on_tpu(Texts(text, text, text), 8, False, "v6e:2x4", Predicted(0, 0), None)
     assert tpu is None and skipped is not None
     assert skipped.startswith("XLA:TPU is reached only through jaxlib's StableHLO, and the module has none")
     assert "the canonicalizer turns it into a reshape" in skipped
+
+
+@pytest.mark.xla
+def test_the_forms_verify_writes_compile_as_the_given_jax_step_does() -> None:
+    """A call is a wall for MLIR's canonicalizer, and XLA inlines calls only after it: a JAX step as given
+    went through jaxlib's compile path with its calls, its inlined form never did. Handed over plainly, the
+    canonicalizer rewrites across the inlined calls (the corpus step: 64 bytes per device apart; a GPT-2
+    step with tied embeddings on v5e: 994.8 MiB as given, 1,413.1 MiB inlined); through the faithful
+    conversion the inlined form compiles to the given step's bytes."""
+    text = (CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo").read_text()
+    module = parse_hlo(text)
+    flags = output_propagation(module)
+    inlined = print_module(prepare(module, "cpu").front)
+    conversions: list[tuple[str, str | None]] = []
+
+    def compile_text(t: str, conversion: str | None) -> dict:
+        conversions.append(("given" if t == text else "inlined", conversion))
+        return compile_with_xla(t, 8, flags, conversion=conversion)
+
+    given, before, after = compile_forms(Texts(text, inlined, inlined), compile_text, FAITHFUL)
+    assert conversions == [("given", None), ("inlined", FAITHFUL)]
+    assert before["total_bytes"] == after["total_bytes"] == given["total_bytes"]
+    assert compile_with_xla(inlined, 8, flags)["total_bytes"] != given["total_bytes"]
+
+
+@pytest.mark.xla
+def test_derived_forms_the_faithful_conversion_refuses_compile_as_the_given_one() -> None:
+    """JAX's pinned step carries a sharding on an identity reshape that MLIR folds away: the faithful
+    conversion refuses its inlined form, and both derived forms compile as the given one does, so
+    before and after still differ by the change set alone."""
+    text = (CORPUS / "jax" / "jax_llama_scan_L8_fsdp4_tp2_pinned.hlo").read_text()
+    module = parse_hlo(text)
+    flags = output_propagation(module)
+    inlined = print_module(prepare(module, "cpu").front)
+    conversions: list[str | None] = []
+
+    def compile_text(t: str, conversion: str | None) -> dict:
+        conversions.append(conversion)
+        return compile_with_xla(t, 8, flags, conversion=conversion)
+
+    given, before, after = compile_forms(Texts(text, inlined, inlined), compile_text, FAITHFUL)
+    assert conversions == [None, FAITHFUL, None]
+    assert before is after and before["stablehlo"] == given["stablehlo"] == "plain"
+    with pytest.raises(UnfaithfulConversion, match="identity reshape with sharding"):
+        compile_with_xla(inlined, 8, flags, conversion=FAITHFUL)
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,15 @@ crash or hang in XLA cannot take the planner with it, by the XLA that compiles
 such modules for real: torch_xla's modules by torch_xla's own XLA
 (`torch_xla_compile`), JAX's by jaxlib (`xla_compile`). "Before" is the module
 with its calls inlined, the form the placements are written into, so the
-saving is the change set's alone; the module as given is compiled too (a
-compiler can allocate a module with calls differently from its inlined form).
+saving is the change set's alone; the module as given is compiled too.
+jaxlib's compile path canonicalizes the MLIR it is given, and a call is a
+wall the canonicalizer does not cross: a JAX step as given went through that
+path with its calls, but its inlined and patched forms never did, and handed
+over plainly the canonicalizer would rewrite across the calls XLA inlines
+later (a GPT-2 step with tied embeddings on v5e: 994.8 MiB per chip as given,
+1,413.1 MiB for its inlined form compiled plainly, 994.8 MiB through the
+faithful conversion). So the forms the planner writes go through the faithful
+conversion (`planner.plan.stablehlo`), as torch_xla's modules always do.
 Reported next to our prediction for the same compiler: XLA's bytes per device before and after, and
 whether every stacked gradient of the patched module's partitioned While loops
 is at its parameter's shard. For a TPU chip preset with libtpu installed,
@@ -42,6 +49,9 @@ from planner.scanner import Cursor
 OutputFlags = bool | tuple[bool, ...]
 
 TIME_LIMIT_SECONDS = 600
+
+# How the forms the planner writes reach jaxlib: behind the calls that keep MLIR's canonicalizer out.
+FAITHFUL = "faithful"
 
 
 @dataclass(frozen=True)
@@ -82,13 +92,16 @@ def compile_with_xla(
     allow_output: OutputFlags,
     timeout: float = TIME_LIMIT_SECONDS,
     tpu_topology: str | None = None,
+    conversion: str | None = None,
 ) -> dict:
     """jaxlib's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`.
 
-    Raises `UnfaithfulConversion` for a torch_xla module jaxlib cannot be given as it is.
+    `conversion` ("faithful" or "plain") overrides how the text becomes StableHLO (default: a torch_xla
+    module faithfully, a JAX module as JAX's compile takes it). Raises `UnfaithfulConversion` for a
+    module the faithful conversion cannot keep.
     """
     request = {"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output,
-               "tpu_topology": tpu_topology}  # fmt: skip
+               "tpu_topology": tpu_topology, "conversion": conversion}  # fmt: skip
     report = _run("planner.plan.xla_compile", request, timeout, "jaxlib")
     if "unfaithful" in report:
         raise UnfaithfulConversion(report["unfaithful"])
@@ -127,9 +140,8 @@ def libtpu_installed() -> bool:
 class Texts:
     """The three modules verify compiles, printed: as given, inlined (what placements are written into), patched.
 
-    The saving is inlined minus patched, so it is the change set's alone: a compiler may allocate a module
-    with calls differently from its inlined form, placements or not. When the inlined text is the given
-    one it is compiled once.
+    The saving is inlined minus patched, both compiled the same way (`compile_forms`), so it is the change
+    set's alone.
     """
 
     given: str
@@ -155,15 +167,21 @@ def verify(
     start = time.perf_counter()
     texts = Texts(print_module(original), print_module(inlined), print_module(patched))
     torch_xla = is_torch_xla_module(original)
+    # torch_xla's modules reach jaxlib faithfully by default, the forms written from them included.
+    derived_conversion = None if torch_xla else FAITHFUL
     if torch_xla:
         modules = {texts.given: original, texts.inlined: inlined, texts.patched: patched}
-        given, before, after = _compile_each(texts, lambda t: compile_with_torch_xla(modules[t], num_devices, text=t))
+        given, before, after = compile_forms(
+            texts, lambda t, _: compile_with_torch_xla(modules[t], num_devices, text=t), derived_conversion
+        )
     else:
-        given, before, after = _compile_each(texts, lambda t: compile_with_xla(t, num_devices, allow_output))
+        given, before, after = compile_forms(
+            texts, lambda t, c: compile_with_xla(t, num_devices, allow_output, conversion=c), derived_conversion
+        )
     mismatches, check = gradient_mismatches(after["while_shapes"], patched, gradients)
     tpu, tpu_skipped = None, None
     if tpu_topology is not None:
-        tpu, tpu_skipped = verify_on_tpu(texts, num_devices, allow_output, tpu_topology, predicted)
+        tpu, tpu_skipped = verify_on_tpu(texts, num_devices, allow_output, tpu_topology, predicted, derived_conversion)
     return Verification(
         xla=after["xla"],
         frontend="torch_xla" if torch_xla else "jax",
@@ -185,25 +203,49 @@ def verify(
     )
 
 
-def _compile_each(texts: Texts, compile_text: Callable[[str], dict]) -> tuple[dict, dict, dict]:
-    """The compiler's reports for the given, inlined and patched texts, each distinct text compiled once."""
-    reports: dict[str, dict] = {}
-    for text in (texts.given, texts.inlined, texts.patched):
-        if text not in reports:
-            reports[text] = compile_text(text)
-    return reports[texts.given], reports[texts.inlined], reports[texts.patched]
+def compile_forms(
+    texts: Texts, compile_text: Callable[[str, str | None], dict], derived_conversion: str | None
+) -> tuple[dict, dict, dict]:
+    """The compiler's reports for the given, inlined and patched texts, each distinct compile made once.
+
+    The given text compiles as its front end's compile takes it; the inlined and patched texts with
+    `derived_conversion`. Where the faithful conversion cannot keep a derived form (`UnfaithfulConversion`:
+    a JAX step with an identity reshape carrying a sharding), both derived forms compile as the given
+    one does, so before and after still differ by the change set alone.
+    """
+    reports: dict[tuple[str, str | None], dict] = {}
+
+    def report(text: str, conversion: str | None) -> dict:
+        if (text, conversion) not in reports:
+            reports[text, conversion] = compile_text(text, conversion)
+        return reports[text, conversion]
+
+    given = report(texts.given, None)
+    try:
+        return given, report(texts.inlined, derived_conversion), report(texts.patched, derived_conversion)
+    except UnfaithfulConversion:
+        if derived_conversion is None:
+            raise
+        return given, report(texts.inlined, None), report(texts.patched, None)
 
 
 def verify_on_tpu(
-    texts: Texts, num_devices: int, allow_output: OutputFlags, topology: str, predicted: Predicted
+    texts: Texts,
+    num_devices: int,
+    allow_output: OutputFlags,
+    topology: str,
+    predicted: Predicted,
+    derived_conversion: str | None,
 ) -> tuple[TpuVerification | None, str | None]:
     """XLA:TPU on the given, inlined and patched modules' text, or why not: no libtpu, or a module jaxlib
     cannot be given as it is (the conversion's reason; a torch_xla module goes through `planner.plan.stablehlo`)."""
     if not libtpu_installed():
         return None, "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
     try:
-        given, before, after = _compile_each(
-            texts, lambda t: compile_with_xla(t, num_devices, allow_output, tpu_topology=topology)
+        given, before, after = compile_forms(
+            texts,
+            lambda t, c: compile_with_xla(t, num_devices, allow_output, tpu_topology=topology, conversion=c),
+            derived_conversion,
         )
     except UnfaithfulConversion as e:
         return None, (
