@@ -6,13 +6,24 @@
     ...
     y = scan_layers(model.layers, x)  # now pins each weight slice as the plan says
 
-Needs torch and torch_xla (the `xla` extra).
+The torch_xla side needs torch and torch_xla (the `xla` extra) and is imported on first use, so
+`scan_runtime.jax` (JAX's `plan_step` and `scan`) works where torch is not installed.
 """
 
-from scan_runtime.auto import auto_plan
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from scan_runtime.client import PlannerClient, PlannerRefused, PlannerUnavailable, PlanResult
 from scan_runtime.layer_plan import LayerPlan, PlanMismatch, activate, current_plan, use_plan
-from scan_runtime.scan import scan, scan_layers
+
+if TYPE_CHECKING:
+    from scan_runtime.auto import auto_plan
+    from scan_runtime.scan import scan, scan_layers
+
+# The names that need torch: public name -> the module that defines it, imported when first read.
+_TORCH_SIDE = {"auto_plan": "scan_runtime.auto", "scan": "scan_runtime.scan", "scan_layers": "scan_runtime.scan"}
 
 __all__ = [
     "LayerPlan",
@@ -28,3 +39,9 @@ __all__ = [
     "scan_layers",
     "use_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_SIDE:
+        return getattr(importlib.import_module(_TORCH_SIDE[name]), name)
+    raise AttributeError(f"module 'scan_runtime' has no attribute {name!r}")

@@ -159,9 +159,12 @@ def _detail(e: urllib.error.HTTPError) -> str:
 
 
 def to_planner_mesh(mesh: Any) -> Mesh:
-    """A torch_xla `Mesh` (or the planner's own) as the planner's `Mesh`."""
+    """A torch_xla `Mesh`, a `jax.sharding.Mesh` (or the planner's own) as the planner's `Mesh`."""
     if isinstance(mesh, Mesh):
         return mesh
+    if not hasattr(mesh, "mesh_shape") and hasattr(mesh, "devices"):
+        # JAX: jit assigns the mesh's devices in order, so the module's device ids are positions in it.
+        return Mesh(tuple(int(n) for n in mesh.devices.shape), tuple(str(a) for a in mesh.axis_names))
     names = tuple(mesh.axis_names) if mesh.axis_names else tuple(f"axis{i}" for i in range(len(mesh.mesh_shape)))
     devices = np.asarray(mesh.device_ids).reshape(-1)
     return Mesh(tuple(int(n) for n in mesh.mesh_shape), names, tuple(int(d) for d in devices))
