@@ -38,7 +38,7 @@ $(VENV)/.installed-core: pyproject.toml setup.py $(VENV)/bin/python
 	touch $@ $(VENV)/.native
 
 $(VENV)/.installed-full: pyproject.toml setup.py $(VENV)/bin/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,xla,tpu]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,xla,tpu,search]'
 	touch $@ $(VENV)/.installed-core $(VENV)/.native
 
 native: $(VENV)/.native

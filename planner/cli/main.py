@@ -12,10 +12,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from planner.cli import memory_command, parse_command, plan_command, propagate_command, serve_command
+from planner.cli import (
+    memory_command,
+    parse_command,
+    plan_command,
+    propagate_command,
+    search_command,
+    serve_command,
+)
 from planner.errors import TOO_DEEP, PlannerError
 
-_COMMANDS = (parse_command, propagate_command, memory_command, plan_command, serve_command)
+_COMMANDS = (parse_command, propagate_command, memory_command, plan_command, serve_command, search_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,42 @@
+"""A step builder for `spmd-planner search`: the Llama-like stack of train_llama_scan_jax.py per configuration.
+
+    .venv/bin/spmd-planner search search_llama_jax:build --devices 8 --axes fsdp,tp --remat none,full \\
+        --microbatches 1,2 --chip v6e --top 2          # from examples/ (the builder must import)
+
+`build(candidate, mesh)` returns the step for one candidate: the layer remat'ed as `candidate.remat` says
+(`full`: `jax.checkpoint`, the backward recomputes each layer), and a batch of `GLOBAL_BATCH //
+candidate.microbatches` rows (the step of one microbatch; the accumulation over microbatches is the
+training loop's). Inputs are abstract: nothing is allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from train_llama_scan_jax import BATCH_SPEC, DIM, SEQ, SHAPES, SPECS, layer
+
+from scan_runtime.jax import scan
+from scan_runtime.jax.candidates import Candidate
+
+GLOBAL_BATCH = 16
+
+
+def build(candidate: Candidate, mesh: Any) -> tuple[Any, Any, tuple[Any, ...]]:
+    if candidate.remat not in (None, "full"):
+        raise ValueError(f"remat={candidate.remat!r}: this builder knows none and full")
+    if GLOBAL_BATCH % candidate.microbatches:
+        raise ValueError(f"{candidate.microbatches} microbatches do not divide the batch of {GLOBAL_BATCH}")
+    step = jax.checkpoint(layer) if candidate.remat == "full" else layer
+
+    def loss_fn(params: dict[str, Any], x: Any) -> Any:
+        y, _ = scan(step, x, params["layers"])
+        return jnp.mean(y * y)
+
+    params = {"layers": {name: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, SPECS[name]))
+                         for name, shape in SHAPES.items()}}  # fmt: skip
+    rows = GLOBAL_BATCH // candidate.microbatches
+    x = jax.ShapeDtypeStruct((rows, SEQ, DIM), jnp.float32, sharding=NamedSharding(mesh, BATCH_SPEC))
+    return loss_fn, params, (x,)

@@ -1,0 +1,82 @@
+"""`spmd-planner search MODULE:FUNCTION --devices N --axes fsdp,tp [...]`: which configuration of a JAX step fits.
+
+FUNCTION is a step builder, `build(candidate, mesh) -> (loss_fn, params, batch)` (see
+`scan_runtime.jax.evaluate`). Every mesh factorization of N over the axes x remat x microbatches x chip is
+planned on Ray (local unless `--ray-address`), ranked, and the best `--top` compiled by the chip's
+compiler. Needs jax and ray (the `xla` and `search` extras).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+from planner.units import format_bytes
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("search", help="find the mesh, remat and microbatch configuration of a JAX step that fits")
+    p.add_argument("builder", metavar="MODULE:FUNCTION", help="the step builder, importable from here")
+    p.add_argument("--devices", type=int, required=True, help="chip count the meshes factor")
+    p.add_argument("--axes", default="fsdp,tp", help="mesh axis names, major to minor (default: fsdp,tp)")
+    p.add_argument("--remat", default="none", help="remat policies the builder knows, comma-separated")
+    p.add_argument("--microbatches", default="1", help="microbatch counts, comma-separated")
+    p.add_argument("--chip", default="v6e", help="chip presets, comma-separated (default: v6e)")
+    p.add_argument("--top", type=int, default=3, help="how many of the best to compile (default: 3)")
+    p.add_argument("--ray-address", help="a Ray cluster (default: a local Ray on this machine)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.set_defaults(run=run)
+
+
+def load_builder(spec: str) -> Any:
+    module_name, sep, function = spec.partition(":")
+    if not sep or not module_name or not function:
+        raise ValueError(f"step builder {spec!r} is not MODULE:FUNCTION")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # "importable from here", as `python -m` would have it
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import {module_name!r} for the step builder: {e}") from None
+    build = getattr(module, function, None)
+    if not callable(build):
+        raise ValueError(f"{module_name} has no function {function!r}")
+    return build
+
+
+def run(args: argparse.Namespace) -> int:
+    from scan_runtime.jax.candidates import candidate_grid
+    from scan_runtime.jax.search import search, terminal_progress
+
+    if args.top < 0:
+        raise ValueError(f"--top {args.top} must be >= 0")
+    remats = [None if r == "none" else r for r in args.remat.split(",")]
+    try:
+        microbatches = [int(k) for k in args.microbatches.split(",")]
+    except ValueError:
+        raise ValueError(f"--microbatches {args.microbatches!r} is not a list of counts") from None
+    candidates = candidate_grid(args.devices, args.axes.split(","), remats, microbatches, args.chip.split(","))
+    report = search(load_builder(args.builder), candidates, top_k=args.top, ray_address=args.ray_address,
+                    num_cpus=args.num_cpus, progress=terminal_progress)  # fmt: skip
+    print(f"{len(report.ranked)} candidates, ranked (fits first, then fewer dot FLOPs per device for the global "
+          "batch, then headroom):")  # fmt: skip
+    print(f"{'#':>3}  {'candidate':46s} {'predicted':>11} {'headroom':>11} {'GFLOP/dev':>10} {'compiled':>22}")
+    for i, e in enumerate(report.ranked, 1):
+        if e.error is not None:
+            print(f"{i:>3}  {e.candidate.label():46s} failed: {e.error}")
+            continue
+        c = report.confirmation(e.candidate)
+        compiled = ""
+        if c is not None and c.compiled_bytes is not None:
+            compiled = f"{format_bytes(c.compiled_bytes)} {c.compiler}"
+        elif c is not None:
+            compiled = f"failed: {c.error}"
+        predicted, headroom = format_bytes(e.predicted_after_bytes or 0), format_bytes(e.headroom_bytes or 0)
+        gflops = (e.flops_per_batch or 0) / 1e9
+        print(f"{i:>3}  {e.candidate.label():46s} {predicted:>11} {headroom:>11} {gflops:>10.1f} {compiled:>22}")
+    best = report.best()
+    print(f"best: {best.candidate.label()}" if best is not None else "no candidate fits")
+    return 0 if best is not None else 1
