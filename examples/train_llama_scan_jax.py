@@ -45,15 +45,24 @@ def rms_norm(x: Any, weight: Any) -> Any:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * weight
 
 
-def layer(x: Any, p: dict[str, Any]) -> tuple[Any, None]:
-    b, s, _ = x.shape
-    h = rms_norm(x, p["attn_norm"])
-    q, k, v = ((h @ p[w]).reshape(b, s, HEADS, DIM // HEADS) for w in ("wq", "wk", "wv"))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(DIM // HEADS))
-    scores = jnp.where(jnp.tril(jnp.ones((s, s), dtype=bool)), scores, jnp.finfo(jnp.float32).min)
-    x = x + jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, s, DIM) @ p["wo"]
-    h = rms_norm(x, p["mlp_norm"])
-    return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"], None
+def make_layer(head_size: int) -> Any:
+    """One Llama-like layer (RMSNorm, causal attention, SwiGLU MLP) for `lax.scan`; sizes from its weights."""
+
+    def layer(x: Any, p: dict[str, Any]) -> tuple[Any, None]:
+        b, s, dim = x.shape
+        h = rms_norm(x, p["attn_norm"])
+        q, k, v = ((h @ p[w]).reshape(b, s, dim // head_size, head_size) for w in ("wq", "wk", "wv"))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(head_size))
+        scores = jnp.where(jnp.tril(jnp.ones((s, s), dtype=bool)), scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        x = x + jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, dim) @ p["wo"]
+        h = rms_norm(x, p["mlp_norm"])
+        return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"], None
+
+    return layer
+
+
+layer = make_layer(DIM // HEADS)
 
 
 def loss_fn(params: dict[str, Any], x: Any) -> Any:

@@ -86,6 +86,21 @@ ENTRY main {
     assert dot_flops_per_device(prepared.front, propagate(prepared)) == per_dot * (1 + 8)
 
 
+def test_no_device_does_less_than_its_share_of_a_dot() -> None:
+    """Output rows split 8 ways and the contracted dim split 8 ways over the same 8 devices: the split is
+    not counted twice (XLA reshards an operand first); each device computes a [1, 2048] row over all 512."""
+    text = """HloModule shared, num_partitions=8
+
+ENTRY main {
+  a = f32[8,512] parameter(0), sharding={devices=[1,8]<=[8]}
+  b = f32[512,2048] parameter(1), sharding={replicated}
+  ROOT d = f32[8,2048] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[8,1]<=[8]}
+}
+"""
+    prepared = prepare(parse_hlo(text), "cpu", Mesh.parse("x=8"))
+    assert dot_flops_per_device(prepared.front, propagate(prepared)) == 2 * 1 * 2048 * 512
+
+
 def test_a_builder_that_cannot_be_loaded_is_named() -> None:
     with pytest.raises(ValueError, match=r"step builder 'nocolon' is not MODULE:FUNCTION"):
         load_builder("nocolon")
@@ -115,4 +130,8 @@ def test_a_small_search_on_local_ray_ranks_plans_and_compiles_the_best(tmp_path:
     assert all("remat=none" in r for r in rows[:4]) and all("remat=full" in r for r in rows[4:8])
     # The best two were compiled by XLA:TPU for a v6e slice of 8 chips, and the report says so.
     assert all("XLA:TPU (v6e:2x4)" in r for r in rows[:2]) and not any("XLA:TPU" in r for r in rows[2:])
-    assert out.splitlines()[-1] == "best: " + rows[0].split()[1] + " remat=none microbatches=1 v6e"
+    best = out.splitlines()[-1]
+    assert best.startswith(
+        f"best: {rows[0].split()[1]} remat=none microbatches=1 v6e, confirmed by XLA:TPU (v6e:2x4): "
+    )
+    assert best.endswith(" of 32.0 GiB"), best

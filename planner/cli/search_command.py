@@ -66,17 +66,30 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'#':>3}  {'candidate':46s} {'predicted':>11} {'headroom':>11} {'GFLOP/dev':>10} {'compiled':>22}")
     for i, e in enumerate(report.ranked, 1):
         if e.error is not None:
-            print(f"{i:>3}  {e.candidate.label():46s} failed: {e.error}")
+            print(f"{i:>3}  {e.candidate.label():46s} failed: {_first_line(e.error)}")
             continue
         c = report.confirmation(e.candidate)
         compiled = ""
         if c is not None and c.compiled_bytes is not None:
             compiled = f"{format_bytes(c.compiled_bytes)} {c.compiler}"
         elif c is not None:
-            compiled = f"failed: {c.error}"
+            compiled = f"failed: {_first_line(c.error or '')}"
         predicted, headroom = format_bytes(e.predicted_after_bytes or 0), format_bytes(e.headroom_bytes or 0)
         gflops = (e.flops_per_batch or 0) / 1e9
         print(f"{i:>3}  {e.candidate.label():46s} {predicted:>11} {headroom:>11} {gflops:>10.1f} {compiled:>22}")
     best = report.best()
-    print(f"best: {best.candidate.label()}" if best is not None else "no candidate fits")
-    return 0 if best is not None else 1
+    if best is None:
+        print("no candidate is predicted to fit")
+        return 1
+    confirmed = report.best_confirmed()
+    if confirmed is not None:
+        e, c = confirmed
+        used, capacity = format_bytes(c.compiled_bytes or 0), format_bytes(e.capacity_bytes or 0)
+        print(f"best: {e.candidate.label()}, confirmed by {c.compiler}: {used} of {capacity}")
+    else:
+        print(f"best: {best.candidate.label()}, predicted; no compiled candidate fits (compile more with --top)")
+    return 0
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text

@@ -6,7 +6,9 @@ example: `dot(f32[8,512] lhs, f32[512,2048] rhs)` contracting dim 1 of lhs, lhs 
 `{devices=[2,4]<=[8]}` (rows 2 ways, the contracted dim 4 ways) and the result `{devices=[2,1,4]<=[8]
 last_tile_dim_replicate}`: each device computes a [4, 2048] partial product over 128 contracted
 elements, 2 x 4 x 2048 x 128 = 2,097,152 FLOPs; inside a While body that runs 8 times, 16,777,216.
-A loop whose trip count is unknown is counted once.
+The contracted split counts only up to the devices the output's tiles leave (2 output tiles on 8
+devices leave 4): no device does less than its share of the dot. A loop whose trip count is unknown
+is counted once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from planner.sharding.hlo_sharding import HloSharding
 def dot_flops_per_device(module: HloModule, result: PropagationResult) -> int:
     """2 x output elements x contracted elements per device, summed over every dot of the step."""
     runs = computation_runs(module)
+    num_devices = int(module.attr("num_partitions") or 1)
     total = 0
     for comp in module.computations:
         times = runs.get(comp.name, 0)
@@ -34,10 +37,15 @@ def dot_flops_per_device(module: HloModule, result: PropagationResult) -> int:
             lhs = comp[inst.operands[0]]
             if not isinstance(lhs.shape, ArrayShape):
                 continue
+            dims = tuple(inst.attr("lhs_contracting_dims", ()))
             lhs_shard = _shard(lhs.shape.dims, _sharding(result, lhs.name))
-            contracted = [lhs_shard[d] for d in inst.attr("lhs_contracting_dims", ())]
             out = _shard(inst.shape.dims, _sharding(result, inst.name))
-            total += 2 * math.prod(out) * math.prod(contracted) * times
+            contracted = math.prod(lhs.shape.dims[d] for d in dims)
+            # The contracted dim's split counts only as far as devices are left over by the output's tiles:
+            # an axis that splits both is resharded before the dot, never dividing the work twice.
+            out_tiles = math.prod(inst.shape.dims) // max(1, math.prod(out))
+            splits = min(contracted // max(1, math.prod(lhs_shard[d] for d in dims)), max(1, num_devices // out_tiles))
+            total += 2 * math.prod(out) * (contracted // max(1, splits)) * times
     return total
 
 

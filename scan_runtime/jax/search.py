@@ -45,6 +45,15 @@ class SearchReport:
     def confirmation(self, candidate: Candidate) -> Confirmation | None:
         return next((c for c in self.confirmed if c.candidate == candidate), None)
 
+    def best_confirmed(self) -> tuple[Evaluation, Confirmation] | None:
+        """The best-ranked candidate the compiler also fits in the chip's capacity."""
+        for e in self.ranked:
+            c = self.confirmation(e.candidate)
+            compiled = c.compiled_bytes if c is not None else None
+            if c is not None and compiled is not None and e.capacity_bytes is not None and compiled <= e.capacity_bytes:
+                return e, c
+        return None
+
 
 def rank(evaluations: Sequence[Evaluation]) -> list[Evaluation]:
     """Fitting candidates by FLOPs per device per global batch then headroom, then the others by headroom,
