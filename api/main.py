@@ -18,7 +18,7 @@ from api.limits import BodySizeLimit
 from api.models import PlanRequest
 from api.openapi_examples import example_for, service_examples
 from api.request_log import RequestLog
-from api.routes import dashboard, health, plans
+from api.routes import dashboard, health, plans, searches
 from api.routes.plans import validation_message
 from api.settings import Settings, get_settings
 from api.store import PlanStore
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(health.router)
     app.include_router(plans.router)
+    app.include_router(searches.router)
     app.include_router(dashboard.router)
     app.openapi = lambda: _openapi_with(app, PlanRequest)  # type: ignore[method-assign]
     return app

@@ -131,3 +131,34 @@ class ErrorDetail(BaseModel):
 class Health(BaseModel):
     status: str = "ok"
     stored_plans: int
+
+
+class SearchRow(BaseModel):
+    """One candidate of a configuration search: the prediction, and the compile where one was made."""
+
+    candidate: str = Field(description="mesh, remat, microbatches and chip, e.g. `fsdp=64,tp=4 remat=full ...`")
+    capacity_bytes: int | None = None
+    predicted_after_bytes: int | None = Field(default=None, description="HBM per chip with the plan applied")
+    headroom_bytes: int | None = Field(default=None, description="capacity - predicted; negative: over")
+    flops_per_batch: int | None = Field(default=None, description="dot FLOPs per device for the global batch")
+    pinned: list[str] = Field(default_factory=list, description="parameters the plan pins")
+    error: str | None = Field(default=None, description="why the candidate could not be planned")
+    compiler: str | None = Field(default=None, description="the compiler that compiled it, when it was")
+    compiled_bytes: int | None = None
+    compile_error: str | None = None
+
+
+class SearchReportBody(BaseModel):
+    """A configuration search's ranking (`spmd-planner search --url`), best first."""
+
+    builder: str = Field(description="the step builder searched, MODULE:FUNCTION")
+    rows: list[SearchRow] = Field(min_length=1)
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
+
+class SearchRecord(BaseModel):
+    id: str = Field(description="content hash of the report; GET /searches/{id} returns it again")
+    created_at: float
+    report: SearchReportBody

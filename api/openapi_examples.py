@@ -119,7 +119,23 @@ _OTHERS: dict[str, Any] = {
         "detail": "request:4:23: operand 'p' of 'a' is not defined earlier in computation 'e'", "line": 4, "column": 23,
     },
     "Health": {"status": "ok", "stored_plans": 12},
+    # `spmd-planner search search_llama_jax:build --devices 8 --remat none,dots --top 1` (examples/), two rows.
+    "SearchRow": {
+        "candidate": "fsdp=2,tp=4 remat=none microbatches=1 v6e", "capacity_bytes": 34359738368,
+        "predicted_after_bytes": 18894932, "headroom_bytes": 34340843436, "flops_per_batch": 26575110144,
+        "pinned": ["['layers']['w_down']", "['layers']['w_gate']", "['layers']['w_up']", "['layers']['wo']"],
+        "error": None, "compiler": "XLA:TPU (v6e:2x4)", "compiled_bytes": 47567296, "compile_error": None,
+    },
 }  # fmt: skip
+_FAILED_ROW: dict[str, Any] = {
+    "candidate": "fsdp=1,tp=8 remat=dots microbatches=1 v6e", "capacity_bytes": None, "predicted_after_bytes": None,
+    "headroom_bytes": None, "flops_per_batch": None, "pinned": [],
+    "error": "ValueError: remat='dots': this builder knows none and full (examples/search_llama_jax.py:30)",
+    "compiler": None, "compiled_bytes": None, "compile_error": None,
+}  # fmt: skip
+_OTHERS["SearchReportBody"] = {"builder": "search_llama_jax:build", "rows": [_OTHERS["SearchRow"], _FAILED_ROW]}
+_OTHERS["SearchRecord"] = {"id": "5f0c2d1e9a7b4c3d8e6f1a2b3c4d5e6f", "created_at": 1795420800.0,
+                           "report": _OTHERS["SearchReportBody"]}  # fmt: skip
 
 
 def service_examples() -> dict[str, Any]:

@@ -30,6 +30,11 @@ CREATE TABLE IF NOT EXISTS plans (
     patched_hlo_gz BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS plans_by_time ON plans (created_at DESC);
+CREATE TABLE IF NOT EXISTS searches (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    report_json TEXT NOT NULL
+);
 """
 
 
@@ -101,3 +106,16 @@ class PlanStore:
                 (limit, offset),
             ).fetchall()
         return int(total), [StoredPlan(*row) for row in rows]
+
+    def put_search(self, search_id: str, report_json: str) -> float:
+        """Keep a search report; the same report again keeps its first time. Returns its creation time."""
+        with self._connect() as db:
+            db.execute("INSERT OR IGNORE INTO searches VALUES (?, ?, ?)", (search_id, time.time(), report_json))
+            row = db.execute("SELECT created_at FROM searches WHERE id = ?", (search_id,)).fetchone()
+        return float(row[0])
+
+    def get_search(self, search_id: str) -> tuple[float, str] | None:
+        """(created_at, report JSON) of a stored search, or None."""
+        with self._connect() as db:
+            row = db.execute("SELECT created_at, report_json FROM searches WHERE id = ?", (search_id,)).fetchone()
+        return (float(row[0]), str(row[1])) if row else None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import REPO
+from live_server import live_server
 
 from planner.cli.search_command import load_builder
 from planner.hlo.parser import parse_hlo
@@ -117,7 +119,12 @@ def test_a_small_search_on_local_ray_ranks_plans_and_compiles_the_best(tmp_path:
     env.pop("XLA_FLAGS", None)
     command = [str(Path(sys.executable).parent / "spmd-planner"), "search", "search_llama_jax:build", "--devices", "8",
                "--axes", "fsdp,tp", "--remat", "none,full,dots", "--chip", "v6e", "--top", "2", "--num-cpus", "2"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=REPO / "examples")
+    with live_server(tmp_path / "plans.sqlite3") as url:
+        done = subprocess.run([*command, "--url", url], capture_output=True, text=True, timeout=900, env=env,
+                              cwd=REPO / "examples")  # fmt: skip
+        (page,) = [line.removeprefix("dashboard: ") for line in done.stdout.splitlines() if line.startswith("dash")]
+        with urllib.request.urlopen(page, timeout=30) as r:
+            html = r.read().decode()
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "12 candidates, ranked" in out
@@ -135,3 +142,5 @@ def test_a_small_search_on_local_ray_ranks_plans_and_compiles_the_best(tmp_path:
         f"best: {rows[0].split()[1]} remat=none microbatches=1 v6e, confirmed by XLA:TPU (v6e:2x4): "
     )
     assert best.endswith(" of 32.0 GiB"), best
+    # The service holds the ranking: its page draws the eight planned candidates and the two compiles.
+    assert html.count('<g class="candidate">') == 8 and html.count('class="compiled"') == 2

@@ -28,6 +28,8 @@ def register(sub: Any) -> None:
     p.add_argument("--top", type=int, default=3, help="how many of the best to compile (default: 3)")
     p.add_argument("--ray-address", help="a Ray cluster (default: a local Ray on this machine)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--url", help="store the ranking on the planner service there and print its dashboard page")
+    p.add_argument("--token", help="the service's bearer token, when it asks for one")
     p.set_defaults(run=run)
 
 
@@ -48,8 +50,9 @@ def load_builder(spec: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scan_runtime.client import PlannerRefused, PlannerUnavailable
     from scan_runtime.jax.candidates import candidate_grid
-    from scan_runtime.jax.search import search, terminal_progress
+    from scan_runtime.jax.search import post_report, report_body, search, terminal_progress
 
     if args.top < 0:
         raise ValueError(f"--top {args.top} must be >= 0")
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                     num_cpus=args.num_cpus, progress=terminal_progress)  # fmt: skip
     print(f"{len(report.ranked)} candidates, ranked (fits first, then fewer dot FLOPs per device for the global "
           "batch, then headroom):")  # fmt: skip
-    print(f"{'#':>3}  {'candidate':46s} {'predicted':>11} {'headroom':>11} {'GFLOP/dev':>10} {'compiled':>22}")
+    print(f"{'#':>3}  {'candidate':46s} {'predicted':>11} {'headroom':>11} {'GFLOP/dev':>12} {'compiled':>22}")
     for i, e in enumerate(report.ranked, 1):
         if e.error is not None:
             print(f"{i:>3}  {e.candidate.label():46s} failed: {_first_line(e.error)}")
@@ -76,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
             compiled = f"failed: {_first_line(c.error or '')}"
         predicted, headroom = format_bytes(e.predicted_after_bytes or 0), format_bytes(e.headroom_bytes or 0)
         gflops = (e.flops_per_batch or 0) / 1e9
-        print(f"{i:>3}  {e.candidate.label():46s} {predicted:>11} {headroom:>11} {gflops:>10.1f} {compiled:>22}")
+        print(f"{i:>3}  {e.candidate.label():46s} {predicted:>11} {headroom:>11} {gflops:>12,.1f} {compiled:>22}")
+    stored = True
+    if args.url:
+        try:
+            print(f"dashboard: {post_report(args.url, report_body(report, args.builder), args.token)}")
+        except (PlannerRefused, PlannerUnavailable) as failure:
+            print(f"spmd-planner: the ranking above was not stored: {failure}", file=sys.stderr)
+            stored = False
     best = report.best()
     if best is None:
         print("no candidate is predicted to fit")
@@ -88,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"best: {e.candidate.label()}, confirmed by {c.compiler}: {used} of {capacity}")
     else:
         print(f"best: {best.candidate.label()}, predicted; no compiled candidate fits (compile more with --top)")
-    return 0
+    return 0 if stored else 2
 
 
 def _first_line(text: str) -> str:

@@ -149,3 +149,43 @@ def terminal_progress(what: str, done: int, total: int) -> None:
     filled = width * done // total
     end = "\n" if done == total else ""
     print(f"\r{what:8s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+def report_body(report: SearchReport, builder: str) -> Any:
+    """The report as the service stores it (`api.models.SearchReportBody`), best first."""
+    from api.models import SearchReportBody, SearchRow
+
+    rows = []
+    for e in report.ranked:
+        c = report.confirmation(e.candidate)
+        rows.append(SearchRow(
+            candidate=e.candidate.label(), capacity_bytes=e.capacity_bytes,
+            predicted_after_bytes=e.predicted_after_bytes, headroom_bytes=e.headroom_bytes,
+            flops_per_batch=e.flops_per_batch, pinned=list(e.pinned), error=e.error,
+            compiler=c.compiler if c is not None and c.error is None else None,
+            compiled_bytes=c.compiled_bytes if c is not None else None,
+            compile_error=c.error if c is not None else None,
+        ))  # fmt: skip
+    return SearchReportBody(builder=builder, rows=rows)
+
+
+def post_report(url: str, body: Any, token: str | None = None, timeout: float = 60.0) -> str:
+    """Store the report on the service at `url`; returns the address of its dashboard page."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from scan_runtime.client import PlannerRefused, PlannerUnavailable
+
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"{url.rstrip('/')}/searches", body.model_dump_json().encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            search_id = json.loads(response.read())["id"]
+    except urllib.error.HTTPError as e:
+        raise PlannerRefused(f"the planner at {url} answered {e.code} to the search report") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+        raise PlannerUnavailable(f"cannot reach the planner service at {url}: {getattr(e, 'reason', e)}") from None
+    return f"{url.rstrip('/')}/searches/{search_id}/view"

@@ -1,0 +1,48 @@
+"""`/searches`: configuration-search reports, stored and drawn (`spmd-planner search --url` posts them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from api.deps import AuthDep, StoreDep
+from api.models import ErrorDetail, SearchRecord, SearchReportBody
+from api.search_view import search_chart
+from api.views import human_bytes
+
+router = APIRouter()
+templates = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "templates")
+templates.env.autoescape = True
+templates.env.globals.update(human=human_bytes)
+
+
+@router.post("/searches", response_model=SearchRecord, responses={401: {"model": ErrorDetail}},
+             summary="Store a configuration search's ranking")  # fmt: skip
+def post_search(report: SearchReportBody, _: AuthDep, store: StoreDep) -> SearchRecord:
+    search_id = report.content_hash()
+    created = store.put_search(search_id, report.model_dump_json())
+    return SearchRecord(id=search_id, created_at=created, report=report)
+
+
+def _stored(store: StoreDep, search_id: str) -> SearchRecord:
+    found = store.get_search(search_id)
+    if found is None:
+        raise HTTPException(404, f"no search {search_id!r}")
+    created, report = found
+    return SearchRecord(id=search_id, created_at=created, report=SearchReportBody.model_validate_json(report))
+
+
+@router.get("/searches/{search_id}", response_model=SearchRecord, responses={404: {"model": ErrorDetail}},
+            summary="A stored search's ranking")  # fmt: skip
+def get_search(search_id: str, store: StoreDep) -> SearchRecord:
+    return _stored(store, search_id)
+
+
+@router.get("/searches/{search_id}/view", response_class=HTMLResponse, include_in_schema=False)
+def view_search(request: Request, search_id: str, store: StoreDep) -> HTMLResponse:
+    record = _stored(store, search_id)
+    context = {"record": record, "rows": record.report.rows, "chart": search_chart(record.report.rows)}
+    return templates.TemplateResponse(request, "search.html", context)
