@@ -14,7 +14,7 @@ from typing import Any
 
 from planner.plan.manifest import Manifest, ManifestParameter
 from scan_runtime.client import PlannerClient, to_planner_mesh
-from scan_runtime.jax.plan import JaxPlan, activate
+from scan_runtime.jax.plan import JaxPlan, activate, use_plan
 
 
 def plan_step(
@@ -35,7 +35,8 @@ def plan_step(
     import jax
 
     manifest = step_manifest(params)
-    lowered = jax.jit(jax.value_and_grad(loss_fn)).lower(params, *batch)
+    with use_plan(None):  # the step as written: a plan active from before must not pin what is planned
+        lowered = jax.jit(jax.value_and_grad(loss_fn)).lower(params, *batch)
     client = client or PlannerClient(mesh=to_planner_mesh(mesh), chip=chip, hbm_bytes=hbm_bytes)
     if client.mesh is None:
         client.mesh = to_planner_mesh(mesh)
