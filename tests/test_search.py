@@ -144,3 +144,16 @@ def test_a_small_search_on_local_ray_ranks_plans_and_compiles_the_best(tmp_path:
     assert best.endswith(" of 32.0 GiB"), best
     # The service holds the ranking: its page draws the eight planned candidates and the two compiles.
     assert html.count('<g class="candidate">') == 8 and html.count('class="compiled"') == 2
+
+
+def test_search_without_ray_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from planner.cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["search", "search_llama_jax:build", "--devices", "8"]) == 2
+    assert "search needs ray, which is not installed: pip install 'spmd-planner[search]'" in capsys.readouterr().err

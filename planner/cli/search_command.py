@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -50,6 +51,9 @@ def load_builder(spec: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    for package, extra in (("jax", "xla"), ("ray", "search")):
+        if importlib.util.find_spec(package) is None:
+            raise ValueError(f"search needs {package}, which is not installed: pip install 'spmd-planner[{extra}]'")
     from scan_runtime.client import PlannerRefused, PlannerUnavailable
     from scan_runtime.jax.candidates import candidate_grid
     from scan_runtime.jax.search import post_report, report_body, search, terminal_progress
