@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         e, c = confirmed
         used, capacity = format_bytes(c.compiled_bytes or 0), format_bytes(e.capacity_bytes or 0)
         print(f"best: {e.candidate.label()}, confirmed by {c.compiler}: {used} of {capacity}")
+    elif not report.confirmed:
+        print(f"best: {best.candidate.label()}, predicted (none compiled)")
     else:
         print(f"best: {best.candidate.label()}, predicted; no compiled candidate fits (compile more with --top)")
     return 0 if stored else 2
