@@ -119,7 +119,9 @@ def _run_all(
     if not arguments:
         return []
     task = ray.remote(work)
-    memory = min(memory_bytes, int(ray.cluster_resources().get("memory", memory_bytes)))
+    # A task larger than every node would wait for ever: ask at most what the largest node has.
+    largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=memory_bytes)
+    memory = min(memory_bytes, int(largest) or memory_bytes)
     refs = [
         task.options(num_cpus=1, memory=memory, runtime_env=_environment(c.num_devices)).remote(*args)
         for args, c in zip(arguments, candidates)
