@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
 
 from api.deps import AuthDep, StoreDep
 from api.models import ErrorDetail, SearchRecord, SearchReportBody
+from api.routes.dashboard import templates
 from api.search_view import search_chart
-from api.views import human_bytes
 
 router = APIRouter()
-templates = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "templates")
-templates.env.autoescape = True
-templates.env.globals.update(human=human_bytes)
 
 
 @router.post("/searches", response_model=SearchRecord, responses={401: {"model": ErrorDetail}},

@@ -74,6 +74,4 @@ def _sharding(result: PropagationResult, name: str) -> HloSharding | None:
 
 
 def _shard(dims: tuple[int, ...], sharding: HloSharding | None) -> tuple[int, ...]:
-    if sharding is None or not sharding.is_tiled:
-        return dims
-    return sharding.shard_shape(dims)
+    return sharding.shard_shape(dims) if sharding is not None else dims

@@ -174,7 +174,12 @@ def _libtpu_version() -> str:
 
 def memory_total(executable: Any) -> int:
     """argument + output + temp - alias bytes per device, from compiled memory stats."""
-    stats = executable.get_compiled_memory_stats()
+    return stats_total(executable.get_compiled_memory_stats())
+
+
+def stats_total(stats: Any) -> int:
+    """argument + output + temp - alias bytes per device of one `CompiledMemoryStats` (a jaxlib executable's,
+    or a JAX `Compiled`'s `memory_analysis()`)."""
     return int(
         stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
     )

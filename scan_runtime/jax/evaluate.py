@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scan_runtime.jax.candidates import Candidate
@@ -60,17 +60,22 @@ class Confirmation:
     compiled_bytes: int | None = None
     seconds: float = 0.0
     error: str | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 def cpu_mesh(candidate: Candidate) -> Any:
+    """The candidate's mesh over this process's (virtual CPU) devices."""
     import jax
+
+    return candidate_mesh(candidate, jax.devices())
+
+
+def candidate_mesh(candidate: Candidate, devices: Any) -> Any:
+    """The candidate's mesh over the first of `devices`, in order (jit numbers them so)."""
     import numpy as np
     from jax.sharding import Mesh
 
-    devices = jax.devices()
     if len(devices) < candidate.num_devices:
-        raise ValueError(f"{candidate.label()} needs {candidate.num_devices} devices, this process has {len(devices)}")
+        raise ValueError(f"{candidate.label()} needs {candidate.num_devices} devices, there are {len(devices)}")
     return Mesh(np.array(devices[: candidate.num_devices]).reshape(candidate.mesh_shape), candidate.axis_names)
 
 
@@ -84,22 +89,17 @@ def evaluate(build: StepBuilder, candidate: Candidate) -> Evaluation:
 
 
 def _evaluate(build: StepBuilder, candidate: Candidate, start: float) -> Evaluation:
-    import jax
-
     from planner.hlo.parser import parse_hlo
     from planner.memory import chip as chip_preset
     from planner.passes import Planning, Preparation
     from planner.plan.cost import dot_flops_per_device
     from planner.propagation import propagate
     from scan_runtime.client import to_planner_mesh
-    from scan_runtime.jax.plan import use_plan
-    from scan_runtime.jax.step import step_manifest
+    from scan_runtime.jax.step import lower_step
 
     mesh = cpu_mesh(candidate)
     loss_fn, params, batch = build(candidate, mesh)
-    manifest = step_manifest(params)
-    with use_plan(None):
-        text = jax.jit(jax.value_and_grad(loss_fn)).lower(params, *batch).as_text(dialect="hlo")
+    text, manifest = lower_step(loss_fn, params, *batch)
     capacity = chip_preset(candidate.chip).hbm_bytes
     planner_mesh = to_planner_mesh(mesh)
     prepared = Preparation(candidate.chip, planner_mesh).apply(parse_hlo(text, source=candidate.label()))
@@ -132,11 +132,10 @@ def confirm(build: StepBuilder, evaluation: Evaluation) -> Confirmation:
 
 def _compile(build: StepBuilder, evaluation: Evaluation) -> tuple[str, int]:
     import jax
-    import numpy as np
-    from jax.sharding import Mesh
 
     from planner.plan.model import Plan
     from planner.plan.verify import libtpu_installed
+    from planner.plan.xla_compile import stats_total
     from planner.targets import backend, tpu_topology
     from scan_runtime.jax.plan import JaxPlan, use_plan
     from scan_runtime.jax.step import step_manifest
@@ -146,8 +145,7 @@ def _compile(build: StepBuilder, evaluation: Evaluation) -> tuple[str, int]:
     if backend(candidate.chip).compiler == "tpu" and topology is not None and libtpu_installed():
         from jax.experimental import topologies
 
-        devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
-        mesh = Mesh(np.array(devices[: candidate.num_devices]).reshape(candidate.mesh_shape), candidate.axis_names)
+        mesh = candidate_mesh(candidate, topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
         compiler = f"XLA:TPU ({topology})"
     else:
         mesh = cpu_mesh(candidate)
@@ -161,8 +159,7 @@ def _compile(build: StepBuilder, evaluation: Evaluation) -> tuple[str, int]:
     stats = compiled.memory_analysis()
     if stats is None:
         raise RuntimeError(f"{compiler} reports no memory statistics for the compiled step")
-    total = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-    return compiler, int(total - stats.alias_size_in_bytes)
+    return compiler, stats_total(stats)
 
 
 def _reason(e: Exception) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
 from planner.plan.placements import PIN_OUTPUT
+from scan_runtime.client import to_planner_mesh
 from scan_runtime.layer_plan import PlanMismatch
 
 
@@ -46,7 +47,7 @@ class JaxPlan:
     @staticmethod
     def from_plan(plan: Plan, mesh: Any, manifest: Manifest, plan_id: str | None = None) -> JaxPlan:
         """The recommended placements of `plan` for the step `manifest` describes, checked against `mesh`."""
-        wanted = ",".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.devices.shape))
+        wanted = to_planner_mesh(mesh).to_text()
         if plan.mesh is not None and plan.mesh != wanted:
             raise PlanMismatch(f"the plan is for mesh {plan.mesh}, the step runs on {wanted}")
         parameters = {p.name: tuple(p.shape) for p in manifest.parameters}

@@ -32,19 +32,25 @@ def plan_step(
     `chip` (a preset) or `hbm_bytes` sets the capacity, as for `PlannerClient`, which plans in process or
     through the service at its `url`. Returns None only for a lenient client that cannot reach the service.
     """
+    hlo, manifest = lower_step(loss_fn, params, *batch)
+    client = client or PlannerClient(mesh=to_planner_mesh(mesh), chip=chip, hbm_bytes=hbm_bytes)
+    if client.mesh is None:
+        client.mesh = to_planner_mesh(mesh)
+    result = client.plan(hlo, manifest)
+    plan = JaxPlan.from_plan(result.plan, mesh, manifest, result.plan_id) if result is not None else None
+    if make_active:
+        activate(plan)
+    return plan
+
+
+def lower_step(loss_fn: Callable[..., Any], params: Any, *batch: Any) -> tuple[str, Manifest]:
+    """The step's HLO text, lowered by `jax.jit` and never compiled, and its manifest."""
     import jax
 
     manifest = step_manifest(params)
     with use_plan(None):  # the step as written: a plan active from before must not pin what is planned
         lowered = jax.jit(jax.value_and_grad(loss_fn)).lower(params, *batch)
-    client = client or PlannerClient(mesh=to_planner_mesh(mesh), chip=chip, hbm_bytes=hbm_bytes)
-    if client.mesh is None:
-        client.mesh = to_planner_mesh(mesh)
-    result = client.plan(lowered.as_text(dialect="hlo"), manifest)
-    plan = JaxPlan.from_plan(result.plan, mesh, manifest, result.plan_id) if result is not None else None
-    if make_active:
-        activate(plan)
-    return plan
+    return lowered.as_text(dialect="hlo"), manifest
 
 
 def step_manifest(params: Any) -> Manifest:
