@@ -93,7 +93,14 @@ class ArrayShape:
 
     def bytes_for_dims(self, dims: tuple[int, ...]) -> int:
         """Bytes of an array of this element type and layout with `dims`."""
-        count = math.prod(max(d, 0) for d in dims)
+        # The memory model sizes every value of every simulation here: the common case (a whole-byte
+        # type, no packing in the layout) skips the layout search.
+        bits = ELEMENT_BITS[self.element_type]
+        count = 1
+        for d in dims:
+            count *= d if d > 0 else 0
+        if bits >= 8 and (self.layout is None or "E(" not in self.layout):
+            return (count * bits + 7) // 8
         bits = self.element_bits
         if bits == 0:
             return 0

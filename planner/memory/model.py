@@ -82,7 +82,9 @@ def estimate_module(
         if order == scheduled.computation(name).instructions:
             continue
         trial = with_schedule(scheduled, {name: order})
-        measured = _estimate_in_order(trial, result, mesh, target)
+        # XLA decides which buffers share (copy insertion) before it schedules: the values and their
+        # aliasing stay the program order's, only the positions move.
+        measured = _estimate_in_order(trial, result, mesh, target, model)
         if measured.total_bytes < estimate.total_bytes:
             estimate, scheduled = measured, trial
     if scheduled is not module:

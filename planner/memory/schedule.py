@@ -17,6 +17,7 @@ makes `a` just before its reader (32 MiB).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping
 
 from planner.hlo.ir import Computation, HloModule, Instruction
@@ -34,11 +35,10 @@ def list_schedule(comp: Computation, model: ValueModel) -> tuple[Instruction, ..
     index = {inst.name: k for k, inst in enumerate(comp.instructions)}
     leaves: dict[str, list[Value]] = {}
     size: dict[Value, int] = {}  # per buffer: its largest value
-    for value, value_bytes in model.size.items():
-        if value[0] == name:
-            leaves.setdefault(value[1], []).append(value)
-            group = model.uf.find(value)
-            size[group] = max(size.get(group, 0), value_bytes)
+    for value in model.values_in.get(name, []):
+        leaves.setdefault(value[1], []).append(value)
+        group = model.uf.find(value)
+        size[group] = max(size.get(group, 0), model.size[value])
     # Each buffer is allocated by the first instruction (in program order) defining one of its values.
     owner: dict[Value, str] = {}
     allocates = dict.fromkeys(index, 0)
@@ -56,31 +56,80 @@ def list_schedule(comp: Computation, model: ValueModel) -> tuple[Instruction, ..
                 group = model.uf.find(value)
                 reads[inst.name].add(group)
                 waiting.setdefault(group, set()).add(inst.name)
-    missing = {inst.name: len(set(inst.operands)) for inst in comp.instructions}
-    ready = [inst.name for inst in comp.instructions if missing[inst.name] == 0]
+    # The ready instruction with the largest (freed - allocated, -index) runs next. What an instruction
+    # frees only grows while it waits (its buffers lose other readers, their owners run), so a heap of
+    # keys with stale entries skipped picks what a scan over every ready instruction would, in log time.
+    owned: dict[str, list[Value]] = {}
+    for group, owner_name in owner.items():
+        owned.setdefault(owner_name, []).append(group)
     done: set[str] = set()
+    # No nested functions here: compiled, they would keep this frame's sets in a reference cycle.
+    current: dict[str, tuple[int, int]] = {}
+    heap: list[tuple[int, int, str]] = []
+    missing = {inst.name: len(set(inst.operands)) for inst in comp.instructions}
+    for inst in comp.instructions:
+        if missing[inst.name] == 0:
+            _push(inst.name, _key(inst.name, reads, waiting, size, owner, done, allocates, index), current, heap)
     order: list[Instruction] = []
-    while ready:
-        best, best_key = ready[0], None
-        for candidate in ready:
-            if candidate == comp.root_name and len(ready) > 1:
+    root = comp.root_name
+    while current:
+        held_root = False
+        while True:
+            cost, position, best = heapq.heappop(heap)
+            if current.get(best) != (cost, position):
+                continue  # stale: the instruction ran, or its key grew since
+            if best == root and len(current) > 1:
+                held_root = True  # the root runs last
                 continue
-            freed = sum(size[g] for g in reads[candidate] if waiting[g] == {candidate} and owner.get(g, "") in done)
-            key = (freed - allocates[candidate], -index[candidate])
-            if best_key is None or key > best_key:
-                best, best_key = candidate, key
-        ready.remove(best)
+            break
+        if held_root:
+            heapq.heappush(heap, (*current[root], root))
+        del current[best]
         done.add(best)
         order.append(comp[best])
+        touched: set[str] = set()
+        # Only a buffer left with one reader, its owner done, adds to what that reader frees.
         for group in reads[best]:
             waiting[group].discard(best)
+            if len(waiting[group]) == 1:
+                touched.update(waiting[group])
+        for group in owned.get(best, ()):
+            if len(waiting.get(group, ())) == 1:
+                touched.update(waiting[group])
+        for candidate in touched:
+            if candidate in current:
+                _push(candidate, _key(candidate, reads, waiting, size, owner, done, allocates, index), current, heap)
         for user in comp.users(best):
             missing[user] -= 1
             if missing[user] == 0:
-                ready.append(user)
+                _push(user, _key(user, reads, waiting, size, owner, done, allocates, index), current, heap)
     if len(order) != len(comp.instructions):
         return comp.instructions  # a cycle cannot be scheduled: keep the program order
     return tuple(order)
+
+
+def _key(
+    candidate: str,
+    reads: dict[str, set[Value]],
+    waiting: dict[Value, set[str]],
+    size: dict[Value, int],
+    owner: dict[Value, str],
+    done: set[str],
+    allocates: dict[str, int],
+    index: dict[str, int],
+) -> tuple[int, int]:
+    """(bytes allocated - bytes freed, program index): the smallest runs next."""
+    freed = sum(size[g] for g in reads[candidate] if len(waiting[g]) == 1 and owner.get(g, "") in done)
+    return (allocates[candidate] - freed, index[candidate])
+
+
+def _push(
+    candidate: str, key: tuple[int, int], current: dict[str, tuple[int, int]], heap: list[tuple[int, int, str]]
+) -> None:
+    """Records `candidate`'s key; a key that changed goes on the heap (the old entry turns stale)."""
+    if current.get(candidate) != key:
+        current[candidate] = key
+        heapq.heappush(heap, (key[0], key[1], candidate))
 
 
 def with_schedule(module: HloModule, orders: Mapping[str, tuple[Instruction, ...]]) -> HloModule:

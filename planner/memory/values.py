@@ -58,6 +58,8 @@ class ValueModel:
         self.info: dict[Value, tuple[ArrayShape, HloSharding | None]] = {}
         self.loop_of: dict[Value, str] = {}
         self.body_of: dict[str, Instruction] = {}  # body/cond computation -> While
+        # Each computation's values, in the order they were defined (the order of `size`).
+        self.values_in: dict[str, list[Value]] = {}
 
     def value(self, comp: str, name: str, leaf: int) -> Value:
         return (comp, name, leaf)
@@ -137,6 +139,8 @@ class ValueModel:
         for i, (leaf, s) in enumerate(zip(leaves, shardings)):
             v = self.value(comp.name, inst.name, i)
             self.uf.find(v)
+            if v not in self.size:
+                self.values_in.setdefault(comp.name, []).append(v)
             self.size[v] = per_device_bytes(leaf, s)
             self.info[v] = (leaf, s)
         op = inst.opcode

@@ -141,6 +141,7 @@ def propagate(prepared: PreparedModule, options: PropagationOptions | None = Non
     )
     # A retired name may point at a node that propagation itself renamed (a Sharding call turned copy).
     renamed = {k: propagator.renamed.get(v, v) for k, v in {**prepared.aliases, **propagator.renamed}.items()}
+    propagator.graph.release()
     return PropagationResult(instructions, renamed)
 
 

@@ -132,6 +132,24 @@ class Graph:
     def structure_changed(self) -> None:
         self._post_orders.clear()
 
+    def release(self) -> None:
+        """Drops the links between nodes once the pass is done with them.
+
+        Operand, user and reader lists are the graph's only cycles: without them, and with the graph
+        letting go of its nodes (the pass's nested functions keep the graph itself in a cycle), the
+        nodes are freed as soon as the last reference goes, not by the cycle collector walking every
+        node of every simulation a plan ran. The graph is empty afterwards.
+        """
+        for node in [*self.nodes(), *self._removed]:
+            node.operands = []
+            node.users = []
+            for visit in node.visits:
+                visit.readers = []
+        self.computations = {}
+        self.roots = {}
+        self._post_orders.clear()
+        self._removed.clear()
+
     def contains(self, node: Node) -> bool:
         """Still in the graph (not replaced by `replace_uses`)."""
         return node not in self._removed

@@ -72,21 +72,26 @@ def merge_sharding(existing: HloSharding, candidate: HloSharding, combine_partia
 
 def _strictly_better(lhs: HloSharding, rhs: HloSharding) -> bool:
     """IsShardingStrictlyBetter: manual where the other is tile-maximal, never the reverse."""
+    return _manual_against_maximal(lhs, rhs) == 1
+
+
+def _manual_against_maximal(a: HloSharding, b: HloSharding) -> int:
+    """Bit 1: some leaf of `a` is manual where `b`'s is tile-maximal; bit 2: the reverse.
+
+    A module-level recursion, not a closure: a nested recursive function is a reference cycle, left
+    for the cycle collector on every one of the many calls propagation makes.
+    """
+    if a.is_tuple and b.is_tuple:
+        mask = 0
+        for x, y in zip(a.elements, b.elements):
+            mask |= _manual_against_maximal(x, y)
+        return mask
     mask = 0
-
-    def walk(a: HloSharding, b: HloSharding) -> None:
-        nonlocal mask
-        if a.is_tuple and b.is_tuple:
-            for x, y in zip(a.elements, b.elements):
-                walk(x, y)
-            return
-        if a.kind is Kind.MANUAL and b.is_tile_maximal:
-            mask |= 1
-        if b.kind is Kind.MANUAL and a.is_tile_maximal:
-            mask |= 2
-
-    walk(lhs, rhs)
-    return mask == 1
+    if a.kind is Kind.MANUAL and b.is_tile_maximal:
+        mask |= 1
+    if b.kind is Kind.MANUAL and a.is_tile_maximal:
+        mask |= 2
+    return mask
 
 
 def improved_sharding(
