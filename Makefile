@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint chromium native
+.PHONY: run test lint chromium postgresql native
 
 # The compiled core (planner/native.py, built by setup.py) follows its sources: an edit not yet
 # rebuilt runs as pure Python, and `make native` (which run and test call) rebuilds it.
@@ -21,7 +21,7 @@ run: $(VENV)/.installed-core $(VENV)/.native
 	@echo
 	@echo "dashboard: $(BIN)/spmd-planner serve, then open http://127.0.0.1:8000/ and plan a dump there"
 
-test: lint chromium $(VENV)/.native
+test: lint chromium postgresql $(VENV)/.native
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-full
@@ -38,7 +38,7 @@ $(VENV)/.installed-core: pyproject.toml setup.py $(VENV)/bin/python
 	touch $@ $(VENV)/.native
 
 $(VENV)/.installed-full: pyproject.toml setup.py $(VENV)/bin/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,xla,tpu,search]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,xla,tpu,search,team]'
 	touch $@ $(VENV)/.installed-core $(VENV)/.native
 
 native: $(VENV)/.native
@@ -51,3 +51,8 @@ $(VENV)/.native: $(NATIVE_SOURCES) | $(VENV)/.installed-core
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+# The store's tests start a real PostgreSQL server from Debian's package (tests/postgres_server.py).
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql >/dev/null; }

@@ -20,7 +20,7 @@ from api.openapi_examples import example_for, service_examples
 from api.request_log import RequestLog
 from api.routes import dashboard, health, plans, searches
 from api.routes.plans import validation_message
-from api.settings import Settings, get_settings
+from api.settings import Settings, get_settings, store_location
 from api.store import PlanStore
 from api.worker import JobFailed, PlanWorkers
 
@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await app.state.workers.warm_up()
         yield
         await app.state.workers.close()
+        app.state.store.close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -49,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     add_local_docs(app)
     app.add_middleware(RequestLog, log_format=settings.log_format)
     app.state.settings = settings
-    app.state.store = PlanStore(settings.db_path)
+    app.state.store = PlanStore(store_location(settings))
     app.state.workers = PlanWorkers(settings.max_workers, settings.time_limit_seconds)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:

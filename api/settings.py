@@ -1,6 +1,7 @@
 """Service settings, from `SPMD_PLANNER_*` environment variables.
 
 SPMD_PLANNER_DB_PATH=/var/lib/spmd-planner/plans.sqlite3
+SPMD_PLANNER_DB=postgresql://planner@db/planner   # a team's shared store (wins over DB_PATH)
 SPMD_PLANNER_TOKEN=...            # bearer token required for POST (unset: open)
 SPMD_PLANNER_TIME_LIMIT_SECONDS=120
 SPMD_PLANNER_LOG_FORMAT=json      # request log as one JSON object a line (default: text)
@@ -28,6 +29,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPMD_PLANNER_")
 
     db_path: Path = Field(default_factory=default_db_path, description="SQLite file holding the stored plans")
+    db: str | None = Field(
+        default=None,
+        description="database URL (sqlite:///path or postgresql://user@host/db) every replica shares; "
+        "unset: the SQLite file db_path",
+    )
     max_body_bytes: int = Field(default=64 << 20, ge=1, description="largest request body, and largest HLO text")
     time_limit_seconds: float = Field(default=120.0, gt=0, description="wall time one plan may take")
     max_workers: int = Field(default=2, ge=1, description="plans computed at once, each in a process of its own")
@@ -35,6 +41,10 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty: CORS off")
     page_size: int = Field(default=20, ge=1, le=500)
     log_format: LogFormat = Field(default="text", description="request log lines: text, or one JSON object a line")
+
+
+def store_location(settings: Settings) -> str | Path:
+    return settings.db if settings.db else settings.db_path
 
 
 @cache

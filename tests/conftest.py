@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
 import pytest
+from postgres_server import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
@@ -34,3 +38,25 @@ def xla_cases() -> list[dict]:
 
 def truth_files() -> list[Path]:
     return sorted(CORPUS.glob("torch_xla/*.truth.json")) + sorted(CORPUS.glob("jax/*.xla.json"))
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the whole run (see `postgres_server`)."""
+    # Not under pytest's temporary root: that is private to this user, and the server may run as another.
+    root = Path(tempfile.mkdtemp(prefix="spmd-planner-postgres-"))
+    server = PostgresServer(root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test that takes it runs twice: on a SQLite file, and on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'plans.sqlite3'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.new_database()

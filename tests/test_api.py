@@ -5,9 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import sqlite3
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import CORPUS
@@ -27,15 +25,20 @@ MESH = {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}
 BAD_HLO = "HloModule m\n\nENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n"
 
 
-def client(tmp_path: Path, **settings: object) -> TestClient:
-    return TestClient(create_app(Settings(db_path=tmp_path / "plans.sqlite3", **settings)))
+def client(store_url: str, **settings: object) -> TestClient:
+    """The service on the test's store: every test taking `store_url` runs on SQLite and on PostgreSQL."""
+    return TestClient(create_app(Settings(db=store_url, **settings)))
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClient, dict]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClient, dict]:
     """One service with the bundled dump planned once (planning takes seconds), for XLA:CPU with 32 GiB a chip:
-    its stacked gradients lose an axis there, and the plan pins them."""
-    c = client(tmp_path_factory.mktemp("api"))
+    its stacked gradients lose an axis there, and the plan pins them. Once on each store."""
+    if request.param == "sqlite":
+        store = f"sqlite:///{tmp_path_factory.mktemp('api') / 'plans.sqlite3'}"
+    else:
+        store = request.getfixturevalue("postgres").new_database()
+    c = client(store)
     response = c.post("/plan", json={"hlo": DUMP, "mesh": MESH, "hbm_bytes": 32 << 30})
     assert response.status_code == 200, response.text
     return c, response.json()
@@ -89,8 +92,8 @@ def test_file_upload_plain_and_gzip_find_the_stored_plan(shared: tuple[TestClien
         assert response.json()["id"] == first["id"] and response.json()["cached"] is True
 
 
-def test_parse_errors_are_422_with_line_and_column(tmp_path: Path) -> None:
-    c = client(tmp_path)
+def test_parse_errors_are_422_with_line_and_column(store_url: str) -> None:
+    c = client(store_url)
     response = c.post("/plan", json={"hlo": BAD_HLO})
     assert response.status_code == 422
     body = response.json()
@@ -100,8 +103,8 @@ def test_parse_errors_are_422_with_line_and_column(tmp_path: Path) -> None:
     assert upload.status_code == 422 and upload.json()["line"] == 4
 
 
-def test_a_form_takes_the_file_or_the_text_and_an_empty_file_part_is_no_file(tmp_path: Path) -> None:
-    c = client(tmp_path)
+def test_a_form_takes_the_file_or_the_text_and_an_empty_file_part_is_no_file(store_url: str) -> None:
+    c = client(store_url)
     small = "HloModule m, num_partitions=8\n\nENTRY e {\n  ROOT p = f32[8,16] parameter(0), sharding={devices=[8,1]<=[8]}\n}\n"
     # What a browser sends for a file input left alone beside pasted text.
     pasted = c.post("/plan", data={"hlo": small}, files={"hlo_file": ("", b"")})
@@ -110,8 +113,8 @@ def test_a_form_takes_the_file_or_the_text_and_an_empty_file_part_is_no_file(tmp
     assert both.status_code == 422 and "both an HLO file and pasted HLO text" in both.json()["detail"]
 
 
-def test_one_contract_units_in_forms_one_error_shape_every_answer_documented(tmp_path: Path) -> None:
-    c = client(tmp_path)
+def test_one_contract_units_in_forms_one_error_shape_every_answer_documented(store_url: str) -> None:
+    c = client(store_url)
     # A form's byte counts take a unit, as the command line's do; JSON's *_bytes fields are integers.
     for field in ("chip", "hbm_bytes", "min_bytes"):
         bare = c.post("/plan", data={"hlo": DUMP, field: "32"})
@@ -136,9 +139,9 @@ def test_bytes_per_chip_come_one_entry_per_value_and_every_chip_on_request(share
     assert c.get(f"/plans/{first['id']}").json()["plan"]["hbm"]["per_chip_before"] == hbm["per_chip_before"]
 
 
-def test_a_tuple_shape_nested_500_deep_is_a_located_422(tmp_path: Path) -> None:
+def test_a_tuple_shape_nested_500_deep_is_a_located_422(store_url: str) -> None:
     shape = "(" * 500 + "f32[]" + ")" * 500
-    response = client(tmp_path).post(
+    response = client(store_url).post(
         "/plan", json={"hlo": f"HloModule m\n\nENTRY e {{\n  ROOT p = {shape} parameter(0)\n}}\n"}
     )
     assert response.status_code == 422, response.text
@@ -146,8 +149,8 @@ def test_a_tuple_shape_nested_500_deep_is_a_located_422(tmp_path: Path) -> None:
     assert (body["line"], body["column"]) == (4, 76) and "tuple shape nested more than 64 deep" in body["detail"]
 
 
-def test_a_cut_short_or_corrupt_gzip_upload_is_422(tmp_path: Path) -> None:
-    c = client(tmp_path)
+def test_a_cut_short_or_corrupt_gzip_upload_is_422(store_url: str) -> None:
+    c = client(store_url)
     packed = gzip.compress(DUMP.encode())
     short = c.post("/plan", files={"hlo_file": ("step.hlo.gz", packed[: len(packed) // 2])})
     assert short.status_code == 422 and "ends before its end-of-stream marker" in short.json()["detail"]
@@ -170,14 +173,14 @@ def test_a_cut_short_or_corrupt_gzip_upload_is_422(tmp_path: Path) -> None:
     ],
     ids=["no-hlo", "mesh-names", "chip", "two-capacities", "mesh-size"],
 )
-def test_bad_settings_are_422_with_the_reason(tmp_path: Path, body: dict, message: str) -> None:
-    response = client(tmp_path).post("/plan", json=body)
+def test_bad_settings_are_422_with_the_reason(store_url: str, body: dict, message: str) -> None:
+    response = client(store_url).post("/plan", json=body)
     assert response.status_code == 422
     assert message in response.json()["detail"]
 
 
-def test_size_limits_are_413(tmp_path: Path) -> None:
-    c = client(tmp_path, max_body_bytes=100_000)
+def test_size_limits_are_413(store_url: str) -> None:
+    c = client(store_url, max_body_bytes=100_000)
     assert c.post("/plan", json={"hlo": DUMP}).status_code == 413
     # A small gzip that inflates past the limit is refused while inflating.
     bomb = gzip.compress(b"HloModule m\n" + b" " * 5_000_000)
@@ -190,12 +193,12 @@ def test_size_limits_are_413(tmp_path: Path) -> None:
     assert streamed.status_code == 413
 
 
-def test_wrong_content_type_is_415(tmp_path: Path) -> None:
-    assert client(tmp_path).post("/plan", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+def test_wrong_content_type_is_415(store_url: str) -> None:
+    assert client(store_url).post("/plan", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
 
 
-def test_time_limit_is_504_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    c = client(tmp_path, time_limit_seconds=0.5)
+def test_time_limit_is_504_and_the_server_keeps_serving(store_url: str) -> None:
+    c = client(store_url, time_limit_seconds=0.5)
     response = c.post("/plan", json={"hlo": DUMP, "mesh": MESH})
     assert response.status_code == 504
     assert "time limit of 0.5 s" in response.json()["detail"]
@@ -203,8 +206,8 @@ def test_time_limit_is_504_and_the_server_keeps_serving(tmp_path: Path) -> None:
     assert c.get("/plans").json()["total"] == 0  # nothing half-made was stored
 
 
-def test_a_dying_worker_is_500_and_the_next_plan_still_runs(tmp_path: Path) -> None:
-    c = client(tmp_path)
+def test_a_dying_worker_is_500_and_the_next_plan_still_runs(store_url: str) -> None:
+    c = client(store_url)
     workers = c.app.state.workers  # type: ignore[attr-defined]
     c.app.state.workers = PlanWorkers(1, 60, command=(sys.executable, "-c", "import os; os.abort()"))  # type: ignore[attr-defined]
     response = c.post("/plan", json={"hlo": BAD_HLO})
@@ -213,8 +216,8 @@ def test_a_dying_worker_is_500_and_the_next_plan_still_runs(tmp_path: Path) -> N
     assert c.post("/plan", json={"hlo": BAD_HLO}).status_code == 422
 
 
-def test_bearer_token_guards_posting(tmp_path: Path) -> None:
-    c = client(tmp_path, token="s3cret")
+def test_bearer_token_guards_posting(store_url: str) -> None:
+    c = client(store_url, token="s3cret")
     assert c.post("/plan", json={"hlo": BAD_HLO}).status_code == 401
     assert c.post("/plan", json={"hlo": BAD_HLO}, headers={"Authorization": "Bearer nope"}).status_code == 401
     assert c.post("/plan", json={"hlo": BAD_HLO}, headers={"Authorization": "Bearer s3cret"}).status_code == 422
@@ -223,27 +226,25 @@ def test_bearer_token_guards_posting(tmp_path: Path) -> None:
     assert form.status_code == 401 and "token" in form.text
 
 
-def test_plans_survive_a_restart(tmp_path: Path) -> None:
-    db = tmp_path / "plans.sqlite3"
+def test_plans_survive_a_restart(store_url: str) -> None:
     small = (CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()
-    first = TestClient(create_app(Settings(db_path=db))).post("/plan", json={"hlo": small, "mesh": MESH}).json()
-    restarted = TestClient(create_app(Settings(db_path=db)))
+    first = client(store_url).post("/plan", json={"hlo": small, "mesh": MESH}).json()
+    restarted = client(store_url)
     assert restarted.get(f"/plans/{first['id']}").json()["plan"] == first["plan"]
     again = restarted.post("/plan", json={"hlo": small, "mesh": MESH}).json()
     assert again["cached"] is True and again["id"] == first["id"]
-    with sqlite3.connect(db) as stored:
-        assert stored.execute("SELECT COUNT(*) FROM plans").fetchone() == (1,)
+    assert restarted.get("/plans").json()["total"] == 1
 
 
-def test_cors_is_off_unless_configured(tmp_path: Path) -> None:
+def test_cors_is_off_unless_configured(store_url: str) -> None:
     headers = {"Origin": "https://example.org", "Access-Control-Request-Method": "POST"}
-    assert "access-control-allow-origin" not in client(tmp_path).options("/plan", headers=headers).headers
-    allowed = client(tmp_path, cors_origins=["https://example.org"]).options("/plan", headers=headers)
+    assert "access-control-allow-origin" not in client(store_url).options("/plan", headers=headers).headers
+    allowed = client(store_url, cors_origins=["https://example.org"]).options("/plan", headers=headers)
     assert allowed.headers["access-control-allow-origin"] == "https://example.org"
 
 
-def test_openapi_documents_every_model_with_examples(tmp_path: Path) -> None:
-    schema = client(tmp_path).get("/openapi.json").json()
+def test_openapi_documents_every_model_with_examples(store_url: str) -> None:
+    schema = client(store_url).get("/openapi.json").json()
     components = schema["components"]["schemas"]
     wanted = {"PlanRequest", "PlanRecord", "Plan", "FindingInfo", "PlacementInfo", "PlanPage", "ErrorDetail", "Health"}
     assert wanted <= set(components)
@@ -280,11 +281,11 @@ def test_dashboard_form_plans_and_redirects(shared: tuple[TestClient, dict]) -> 
     assert bad.status_code == 422 and "not defined earlier" in bad.text
 
 
-def test_hlo_strings_render_inert(tmp_path: Path) -> None:
+def test_hlo_strings_render_inert(store_url: str) -> None:
     """Metadata carrying markup and quotes is shown as text: the page keeps its one script of its own."""
     evil = """, metadata={op_name="<script>alert('op')</script>" source_file="/tmp/\\"><img src=x onerror=alert(1)>.py" source_line=7}"""
     at = DUMP.index("\n", DUMP.index("%dot.1660 = "))
-    c = client(tmp_path)
+    c = client(store_url)
     response = c.post("/plan", json={"hlo": DUMP[:at] + evil + DUMP[at:], "mesh": MESH})
     assert response.status_code == 200, response.text
     html = c.get(f"/plans/{response.json()['id']}/view").text
@@ -296,8 +297,8 @@ def test_hlo_strings_render_inert(tmp_path: Path) -> None:
     assert named.status_code == 422 and named.json()["line"] == 4
 
 
-def test_openapi_json_is_valid_json_for_clients(tmp_path: Path) -> None:
-    text = client(tmp_path).get("/openapi.json").text
+def test_openapi_json_is_valid_json_for_clients(store_url: str) -> None:
+    text = client(store_url).get("/openapi.json").text
     assert json.loads(text)["info"]["title"] == "SPMD sharding planner"
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi.testclient import TestClient
 
 from api import create_app
@@ -26,8 +24,8 @@ REPORT = SearchReportBody(
 )  # fmt: skip
 
 
-def test_a_search_is_stored_by_content_and_read_back(tmp_path: Path) -> None:
-    client = TestClient(create_app(Settings(db_path=tmp_path / "plans.sqlite3")))
+def test_a_search_is_stored_by_content_and_read_back(store_url: str) -> None:
+    client = TestClient(create_app(Settings(db=store_url)))
     first = client.post("/searches", json=REPORT.model_dump()).json()
     again = client.post("/searches", json=REPORT.model_dump()).json()
     assert first["id"] == again["id"] == REPORT.content_hash() and first["created_at"] == again["created_at"]
@@ -37,8 +35,8 @@ def test_a_search_is_stored_by_content_and_read_back(tmp_path: Path) -> None:
     assert client.post("/searches", json={"builder": "m:f", "rows": []}).status_code == 422
 
 
-def test_the_dashboard_draws_one_bar_per_planned_candidate_under_the_capacity_line(tmp_path: Path) -> None:
-    client = TestClient(create_app(Settings(db_path=tmp_path / "plans.sqlite3")))
+def test_the_dashboard_draws_one_bar_per_planned_candidate_under_the_capacity_line(store_url: str) -> None:
+    client = TestClient(create_app(Settings(db=store_url)))
     search_id = client.post("/searches", json=REPORT.model_dump()).json()["id"]
     page = client.get(f"/searches/{search_id}/view").text
     assert page.count('<g class="candidate">') == 3  # the failed candidate has no bar, only its row
@@ -49,8 +47,8 @@ def test_the_dashboard_draws_one_bar_per_planned_candidate_under_the_capacity_li
     assert "failed: ValueError: does not divide" in page and "over by 10.0 GiB" in page
 
 
-def test_storing_a_search_needs_the_token_when_one_is_set(tmp_path: Path) -> None:
-    client = TestClient(create_app(Settings(db_path=tmp_path / "plans.sqlite3", token="secret")))
+def test_storing_a_search_needs_the_token_when_one_is_set(store_url: str) -> None:
+    client = TestClient(create_app(Settings(db=store_url, token="secret")))
     assert client.post("/searches", json=REPORT.model_dump()).status_code == 401
     headers = {"Authorization": "Bearer secret"}
     assert client.post("/searches", json=REPORT.model_dump(), headers=headers).status_code == 200

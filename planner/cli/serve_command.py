@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 
@@ -13,7 +12,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the planner service (POST /plan, stored plans, HBM dashboard)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--db", type=Path, help="SQLite file for stored plans (default: under the user's data dir)")
+    p.add_argument("--db", help="stored plans: a SQLite file, or a database URL (postgresql://user@host/db) "
+                   "replicas share (default: a SQLite file under the user's data dir)")  # fmt: skip
     p.set_defaults(run=run)
 
 
@@ -23,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
     from api import Settings, create_app
 
     if args.db is not None:
-        os.environ["SPMD_PLANNER_DB_PATH"] = str(args.db)
+        os.environ["SPMD_PLANNER_DB" if "://" in args.db else "SPMD_PLANNER_DB_PATH"] = args.db
     settings = Settings()
-    print(f"spmd-planner: serving on http://{args.host}:{args.port} (plans in {settings.db_path})", flush=True)
+    shown = settings.db.split("@")[-1] if settings.db else settings.db_path
+    print(f"spmd-planner: serving on http://{args.host}:{args.port} (plans in {shown})", flush=True)
     # One line per request from the service's own log (method, path, status, ms, plan id, cached);
     # uvicorn's access log, which says less, stays off with its other info lines.
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.WARNING)

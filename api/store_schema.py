@@ -1,0 +1,36 @@
+"""The store's tables, one definition for SQLite and PostgreSQL (SQLAlchemy Core).
+
+The migrations under `api/migrations` create and change them; this module is what the queries use.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Double, Index, Integer, LargeBinary, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+plans = Table(
+    "plans",
+    metadata,
+    # A content hash of the request: the same request is the same row, whichever replica computed it.
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Double, nullable=False),
+    Column("module", Text, nullable=False),
+    Column("mesh", Text),
+    # Bytes per chip pass 2^31 on any large step: 64-bit columns.
+    Column("capacity_bytes", BigInteger),
+    Column("total_before", BigInteger, nullable=False),
+    Column("total_after", BigInteger, nullable=False),
+    Column("num_findings", Integer, nullable=False),
+    Column("plan_json", Text, nullable=False),
+    Column("patched_hlo_gz", LargeBinary, nullable=False),
+)
+Index("plans_by_time", plans.c.created_at.desc())
+
+searches = Table(
+    "searches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Double, nullable=False),
+    Column("report_json", Text, nullable=False),
+)
