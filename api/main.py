@@ -14,11 +14,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from api.docs import add_local_docs
+from api.job_store import JobStore
+from api.jobs import JobQueue
 from api.limits import BodySizeLimit
 from api.models import PlanRequest
 from api.openapi_examples import example_for, service_examples
+from api.rate_limit import RateLimit
 from api.request_log import RequestLog
-from api.routes import dashboard, health, plans, searches
+from api.routes import dashboard, health, jobs, plans, searches
 from api.routes.plans import validation_message
 from api.settings import Settings, get_settings, store_location
 from api.store import PlanStore
@@ -32,7 +35,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Planner processes are started before the first request needs one.
         await app.state.workers.warm_up()
+        # Jobs left behind by a replica that stopped are picked up now, then every few seconds.
+        app.state.jobs.start_watching()
+        app.state.ready = True
         yield
+        app.state.ready = False
+        await app.state.jobs.close()
         await app.state.workers.close()
         app.state.store.close()
 
@@ -51,6 +59,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestLog, log_format=settings.log_format)
     app.state.settings = settings
     app.state.store = PlanStore(store_location(settings))
+    app.state.jobs = JobQueue(JobStore(app.state.store), settings)
+    app.state.rate_limit = RateLimit(settings.requests_per_minute)
+    app.state.ready = False
     app.state.workers = PlanWorkers(settings.max_workers, settings.time_limit_seconds)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
@@ -69,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(plans.router)
     app.include_router(searches.router)
+    app.include_router(jobs.router)
     app.include_router(dashboard.router)
     app.openapi = lambda: _openapi_with(app, PlanRequest)  # type: ignore[method-assign]
     return app

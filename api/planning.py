@@ -52,8 +52,12 @@ async def plan_or_cached(request: PlanRequest, store: PlanStore, workers: PlanWo
 
 
 async def _plan_and_store(plan_id: str, request: PlanRequest, store: PlanStore, workers: PlanWorkers) -> StoredPlan:
-    result = await workers.run(request.job())
-    plan = Plan.model_validate_json(result["plan_json"])
+    return store_answer(store, plan_id, await workers.run(request.job()))
+
+
+def store_answer(store: PlanStore, plan_id: str, answer: dict) -> StoredPlan:
+    """Stores a planner's answer (`api.plan_job`: the plan's JSON and the patched module) under `plan_id`."""
+    plan = Plan.model_validate_json(answer["plan_json"])
     summary = {
         "module": plan.module,
         "mesh": plan.mesh,
@@ -62,4 +66,4 @@ async def _plan_and_store(plan_id: str, request: PlanRequest, store: PlanStore, 
         "total_after": plan.hbm.total_after,
         "num_findings": len(plan.findings),
     }
-    return store.put(plan_id, result["plan_json"], result["patched"], summary)
+    return store.put(plan_id, answer["plan_json"], answer["patched"], summary)

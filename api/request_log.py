@@ -3,6 +3,9 @@
 Routes that serve a plan say which through `request.state` (`plan_id`, `cached`); the line is
 written when the response starts, on the `spmd_planner.api` logger.
 
+Every answer carries `X-Request-ID` (the caller's, when it sent a plain one; else a new one), and
+its line names it (`request=...`), so a user's report finds its line in any replica's log.
+
 One request is one line whatever its path holds: the path is URL-decoded by the server, so
 `/plans/x%0A...` reaches here with a newline that would start a second, forged line, and `%00` a raw
 NUL. Text lines write control characters as escapes (`\\n`, `\\x00`, `\\x7f`); JSON lines
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+import uuid
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -48,7 +53,22 @@ def log_line(fields: dict[str, Any], log_format: LogFormat) -> str:
     extra = ""
     if "plan_id" in fields:
         extra = f" plan={escaped(str(fields['plan_id']))} cached={str(fields['cached']).lower()}"
+    if "request_id" in fields:
+        extra += f" request={fields['request_id']}"
     return f"{escaped(fields['method'])} {escaped(fields['path'])} {fields['status']} {fields['ms']:.1f} ms{extra}"
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _request_id(scope: Scope) -> str:
+    """The caller's `X-Request-ID` when it is a plain token (a load balancer's), else a new one."""
+    for key, value in scope.get("headers", []):
+        if key == b"x-request-id":
+            text = value.decode("latin-1")
+            if _REQUEST_ID.fullmatch(text):
+                return text
+    return uuid.uuid4().hex
 
 
 class RequestLog:
@@ -62,11 +82,13 @@ class RequestLog:
             return
         start = time.perf_counter()
         status = 500
+        request_id = _request_id(scope)
 
         async def logged_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())]}
             await send(message)
 
         try:
@@ -78,6 +100,7 @@ class RequestLog:
                 "path": scope["path"],
                 "status": status,
                 "ms": round((time.perf_counter() - start) * 1000, 1),
+                "request_id": request_id,
             }
             if "plan_id" in state:
                 fields.update(plan_id=state["plan_id"], cached=bool(state.get("cached", False)))

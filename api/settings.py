@@ -41,6 +41,14 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty: CORS off")
     page_size: int = Field(default=20, ge=1, le=500)
     log_format: LogFormat = Field(default="text", description="request log lines: text, or one JSON object a line")
+    ray_address: str | None = Field(default=None, description="Ray cluster jobs run on; unset: a local Ray")
+    job_heartbeat_seconds: float = Field(default=2.0, gt=0, description="how often a job's worker says it lives")
+    job_stale_seconds: float = Field(default=20.0, gt=0, description="a running job silent this long is retried")
+    job_queued_seconds: float = Field(default=600.0, gt=0, description="a job no worker started this long is retried")
+    job_attempts: int = Field(default=2, ge=1, description="attempts of a job before it fails")
+    job_check_seconds: float = Field(default=5.0, gt=0, description="how often a replica looks for stalled jobs")
+    jobs_per_token: int = Field(default=4, ge=1, description="queued and running jobs one token may have at once")
+    requests_per_minute: int = Field(default=600, ge=1, description="POSTs one token may make per minute")
 
 
 def store_location(settings: Settings) -> str | Path:

@@ -81,9 +81,7 @@ def _migrate(connection: Connection) -> None:
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.attributes["connection"] = connection
-    # Alembic's `context` and `op` are process-wide: stores opened by two threads take turns.
-    with _MIGRATING:
-        command.upgrade(config, "head")
+    command.upgrade(config, "head")
 
 
 class PlanStore:
@@ -91,10 +89,23 @@ class PlanStore:
         self.url = database_url(url_or_path)
         self.engine = _engine(self.url)
         self.dialect = self.engine.dialect.name
-        with self.engine.begin() as db:
+        # Alembic's `context` and `op` are process-wide: stores opening in two threads take turns, each
+        # until its migration is committed.
+        with _MIGRATING, self.engine.begin() as db:
             if self.dialect == "postgresql":
                 db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
             _migrate(db)
+
+    def at_newest_revision(self) -> bool:
+        """Whether the database is at the newest migration this server knows (another replica may be newer)."""
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        config = Config()
+        config.set_main_option("script_location", str(_MIGRATIONS))
+        newest = ScriptDirectory.from_config(config).get_current_head()
+        with self.engine.connect() as db:
+            return MigrationContext.configure(db).get_current_revision() == newest
 
     @property
     def where(self) -> str:

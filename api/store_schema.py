@@ -34,3 +34,24 @@ searches = Table(
     Column("created_at", Double, nullable=False),
     Column("report_json", Text, nullable=False),
 )
+
+# Long work (verify, search) as jobs any replica can report on: the row is the truth, the worker
+# running attempt `attempt` writes it, and a row whose worker stopped beating is retried or failed.
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("state", String(16), nullable=False),  # queued | running | done | failed
+    Column("progress", Double, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("request_json", Text, nullable=False),
+    Column("result_json", Text),
+    Column("error", Text),
+    Column("attempt", Integer, nullable=False),
+    Column("owner", String(64), nullable=False),  # who asked: a token's digest, or "anonymous"
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("heartbeat_at", Double, nullable=False),
+)
+Index("jobs_by_state", jobs.c.state, jobs.c.heartbeat_at)

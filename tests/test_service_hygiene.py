@@ -43,14 +43,19 @@ def test_every_request_logs_one_line_with_plan_id_and_cache_use(tmp_path: Path, 
     c = client(tmp_path)
     body = {"hlo": DEFAULT_DUMP.read_text(), "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "chip": "v6e"}
     with caplog.at_level(logging.INFO, logger="spmd_planner.api"):
-        first = c.post("/plan", json=body).json()
-        c.post("/plan", json=body)
-        c.get("/healthz")
+        answer = c.post("/plan", json=body)
+        again = c.post("/plan", json=body, headers={"X-Request-ID": "lb-1234.5"})
+        health = c.get("/healthz", headers={"X-Request-ID": "not a plain token\t"})
+    first = answer.json()
     lines = [r.getMessage() for r in caplog.records if r.name == "spmd_planner.api"]
     assert len(lines) == 3
-    assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=false", lines[0]), lines[0]
-    assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=true", lines[1]), lines[1]
-    assert re.fullmatch(r"GET /healthz 200 [0-9.]+ ms", lines[2]), lines[2]
+    # Every answer names its request; the line says the same name. A caller's plain id is kept.
+    mine = answer.headers["x-request-id"]
+    assert re.fullmatch("[0-9a-f]{32}", mine) and again.headers["x-request-id"] == "lb-1234.5"
+    assert re.fullmatch("[0-9a-f]{32}", health.headers["x-request-id"])
+    assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=false request={mine}", lines[0])
+    assert re.fullmatch(rf"POST /plan 200 [0-9.]+ ms plan={first['id']} cached=true request=lb-1234.5", lines[1])
+    assert re.fullmatch(rf"GET /healthz 200 [0-9.]+ ms request={health.headers['x-request-id']}", lines[2])
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -45,7 +45,7 @@ def test_replicas_writing_the_same_plan_at_once_store_it_once(store_url: str) ->
     assert total == 1 and rows[0].id == "c" * 64
     assert replicas[1].patched_hlo("c" * 64) in {f"HloModule m{k}" for k in range(16)}
     with replicas[0].engine.connect() as db:
-        assert db.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+        assert db.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
     for r in replicas:
         r.close()
 

@@ -70,6 +70,7 @@ from planner.plan.verdict import band_for, verdict, verify_command
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
+from planner.progress import note
 from planner.propagation import PropagationResult, ShardingPropagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding
@@ -153,6 +154,7 @@ def _make_plan(
     if manifest is not None:
         _check_manifest(module, manifest)
     chip_name = None if prepared.target.name == "cpu" else prepared.target.name
+    note("planning: propagating shardings and sizing memory")
     before = simulate(prepared, capacity_bytes)
     if before.total > _INT64_MAX:
         # XLA's parser reads such shapes, but no buffer assignment sizes them: its offsets are int64.
@@ -298,6 +300,7 @@ def _make_plan(
     if not verify:
         return plan, patched
     topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
+    note("verifying the plan with real compiles")
     try:
         checked = verify_with_xla(
             module, prepared.front, patched, gradients, num_devices, _predicted(before, after, capacity_bytes), topology

@@ -43,6 +43,7 @@ from planner.hlo.shapes import TupleShape, parse_shape
 from planner.plan.model import TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
 from planner.plan.torch_xla_compile import host_budget_bytes, parameter_specs, parameters_fit_host
+from planner.progress import note
 from planner.scanner import Cursor
 
 # Propagation to the outputs: one flag for every output, or one per output.
@@ -204,7 +205,10 @@ def verify(
 
 
 def compile_forms(
-    texts: Texts, compile_text: Callable[[str, str | None], dict], derived_conversion: str | None
+    texts: Texts,
+    compile_text: Callable[[str, str | None], dict],
+    derived_conversion: str | None,
+    compiler: str = "XLA:CPU",
 ) -> tuple[dict, dict, dict]:
     """The compiler's reports for the given, inlined and patched texts, each distinct compile made once.
 
@@ -215,18 +219,20 @@ def compile_forms(
     """
     reports: dict[tuple[str, str | None], dict] = {}
 
-    def report(text: str, conversion: str | None) -> dict:
+    def report(form: str, text: str, conversion: str | None) -> dict:
         if (text, conversion) not in reports:
+            note(f"{compiler}: compiling {form}")
             reports[text, conversion] = compile_text(text, conversion)
         return reports[text, conversion]
 
-    given = report(texts.given, None)
+    given = report("the step as given", texts.given, None)
     try:
-        return given, report(texts.inlined, derived_conversion), report(texts.patched, derived_conversion)
+        return (given, report("the inlined step", texts.inlined, derived_conversion),
+                report("the patched step", texts.patched, derived_conversion))  # fmt: skip
     except UnfaithfulConversion:
         if derived_conversion is None:
             raise
-        return given, report(texts.inlined, None), report(texts.patched, None)
+        return given, report("the inlined step", texts.inlined, None), report("the patched step", texts.patched, None)
 
 
 def verify_on_tpu(
@@ -246,6 +252,7 @@ def verify_on_tpu(
             texts,
             lambda t, c: compile_with_xla(t, num_devices, allow_output, tpu_topology=topology, conversion=c),
             derived_conversion,
+            "XLA:TPU",
         )
     except UnfaithfulConversion as e:
         return None, (

@@ -1,0 +1,55 @@
+"""Request and response models of `/jobs`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from api.job_store import Job
+from api.models import PlanRequest
+
+JobState = Literal["queued", "running", "done", "failed"]
+
+
+class JobRequest(BaseModel):
+    kind: Literal["verify"] = Field(
+        description="verify: plan the step, then compile it as given and with the plan's placements by real "
+        "XLA (XLA:CPU, and XLA:TPU for a TPU chip when the service has libtpu); the plan is stored with the "
+        "compiled numbers"
+    )
+    request: PlanRequest = Field(description="what to plan, as for POST /plan (verify is implied)")
+
+
+class JobLinks(BaseModel):
+    self: str
+    events: str = Field(description="server-sent events: one `progress` event per change, `end` when finished")
+    view: str = Field(description="the dashboard's page for the job, with its progress bar")
+    plan: str | None = Field(default=None, description="the stored plan, once the job is done")
+
+
+class JobRecord(BaseModel):
+    id: str
+    kind: str
+    state: JobState
+    progress: float = Field(description="0 to 1: the share of the job's stages finished")
+    message: str = Field(description="what the job is doing now")
+    result: dict[str, Any] | None = Field(default=None, description="for a verify job: the stored plan's id")
+    error: str | None = Field(default=None, description="why a failed job failed")
+    attempt: int = Field(description="1 for the first run; a job whose worker stopped runs again")
+    created_at: float
+    updated_at: float
+    links: JobLinks
+
+    @classmethod
+    def of(cls, job: Job) -> JobRecord:
+        plan_id = (job.result or {}).get("plan_id")
+        links = JobLinks(self=f"/jobs/{job.id}", events=f"/jobs/{job.id}/events", view=f"/jobs/{job.id}/view",
+                         plan=f"/plans/{plan_id}" if plan_id else None)  # fmt: skip
+        return cls(id=job.id, kind=job.kind, state=job.state, progress=round(job.progress, 4),  # type: ignore[arg-type]
+                   message=job.message, result=job.result, error=job.error, attempt=job.attempt,
+                   created_at=job.created_at, updated_at=job.updated_at, links=links)  # fmt: skip
+
+
+class JobList(BaseModel):
+    items: list[JobRecord]

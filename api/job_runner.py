@@ -1,0 +1,102 @@
+"""One job, start to end, wherever it runs (a Ray worker, or this process in a test).
+
+The worker opens the store itself (the job row is the only channel back: any replica reads it),
+marks the attempt running, beats every few seconds from a thread of its own, turns the planner's
+progress notes into the row's progress and message, and ends the row done (with the result) or
+failed (with the reason). A worker whose attempt was given up on finds the row moved on and stops
+writing: the conditional updates in `job_store` refuse it.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+from api.job_store import JobStore
+from api.models import PlanRequest
+from api.plan_job import plan_job
+from api.planning import store_answer
+from api.store import PlanStore
+from planner.progress import reporting
+from planner.targets import tpu_topology
+
+VERIFY = "verify"
+KINDS = (VERIFY,)
+
+
+def expected_notes(request: PlanRequest) -> int:
+    """How many progress notes a verify job makes: planning, verifying, and each compile (three per
+    compiler: the step as given, inlined and patched; XLA:TPU's too for a TPU chip with libtpu)."""
+    from planner.plan.verify import libtpu_installed
+
+    compilers = 1
+    chip = request.chip or "cpu"
+    if chip != "cpu" and libtpu_installed():
+        mesh = request.mesh.to_mesh() if request.mesh is not None else None
+        if mesh is not None and tpu_topology(chip, mesh.num_devices) is not None:
+            compilers = 2
+    return 2 + 3 * compilers
+
+
+def verifying(request: PlanRequest) -> PlanRequest:
+    """The request with verify on: what a verify job plans, and the key its plan is stored under."""
+    return request.model_copy(update={"options": request.options.model_copy(update={"verify": True})})
+
+
+def run_job(db_url: str, job_id: str, attempt: int, heartbeat_seconds: float) -> str:
+    """Runs attempt `attempt` of the job; its final state (or `superseded` when the row moved on)."""
+    store = PlanStore(db_url)
+    jobs = JobStore(store)
+    try:
+        if not jobs.start(job_id, attempt):
+            return "superseded"
+        job = jobs.get(job_id)
+        assert job is not None
+        stop = threading.Event()
+        beat = threading.Thread(target=_beat, args=(jobs, job_id, attempt, heartbeat_seconds, stop), daemon=True)
+        beat.start()
+        try:
+            result, error = _work(store, jobs, job_id, attempt, job.kind, job.request)
+        except Exception as e:
+            result, error = None, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        finally:
+            stop.set()
+            beat.join()
+        if error is not None:
+            return "failed" if jobs.fail(job_id, attempt, error) else "superseded"
+        assert result is not None
+        return "done" if jobs.finish(job_id, attempt, result) else "superseded"
+    finally:
+        store.close()
+
+
+def _beat(jobs: JobStore, job_id: str, attempt: int, seconds: float, stop: threading.Event) -> None:
+    while not stop.wait(seconds):
+        if not jobs.beat(job_id, attempt):
+            return
+
+
+def _work(
+    store: PlanStore, jobs: JobStore, job_id: str, attempt: int, kind: str, request: dict[str, Any]
+) -> tuple[dict[str, Any] | None, str | None]:
+    if kind != VERIFY:
+        return None, f"no job kind {kind!r} (known: {', '.join(KINDS)})"
+    plan_request = verifying(PlanRequest.model_validate(request))
+    total = expected_notes(plan_request)
+    seen = 0
+
+    def progress(message: str) -> None:
+        nonlocal seen
+        # Each note starts a stage: the bar shows the stages finished, never reaching 1 before the end.
+        jobs.report(job_id, attempt, min(seen / total, 0.99), message)
+        seen += 1
+
+    with reporting(progress):
+        answer = plan_job(plan_request.job())
+    if "status" in answer:
+        where = f" (line {answer['line']}, column {answer['column']})" if answer.get("line") else ""
+        return None, f"{answer['message']}{where}"
+    plan_id = plan_request.content_hash()
+    store_answer(store, plan_id, answer)
+    return {"plan_id": plan_id}, None

@@ -1,0 +1,121 @@
+"""The service's side of jobs: record a job, send it to Ray, and retry or fail jobs whose worker stopped.
+
+Jobs run as Ray tasks: on a local Ray the replica starts at its first job (`ray.init()`), or on a
+cluster named by `SPMD_PLANNER_RAY_ADDRESS`. A task writes everything it has to say into the job's
+row (`job_runner`), so any replica answers for any job, and a replica that restarts loses nothing:
+the row stays, and every replica checks every few seconds for jobs whose worker stopped beating,
+retrying each (a new attempt, on its own Ray) until its attempts are spent, then failing it with the
+reason. Ray's own retries are off: the row, not Ray, decides what runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from api.job_store import Job, JobStore
+from api.settings import Settings
+
+log = logging.getLogger("spmd_planner.api")
+GIB = 1 << 30
+# What a verify task may hold at once: the planner, and XLA compiling the step three times.
+JOB_MEMORY_BYTES = 6 * GIB
+
+
+class JobQueue:
+    def __init__(self, jobs: JobStore, settings: Settings) -> None:
+        self.jobs = jobs
+        self.settings = settings
+        self._ray_lock = threading.Lock()
+        self._started_ray = False
+        self._task: Any = None
+        self._watching: asyncio.Task[None] | None = None
+
+    # -- Ray ------------------------------------------------------------------------------------
+
+    def _remote(self) -> Any:
+        """The Ray task, Ray started on first use (local unless an address is configured)."""
+        with self._ray_lock:
+            if self._task is not None:
+                return self._task
+            import ray
+
+            from api.job_runner import run_job
+
+            if not ray.is_initialized():
+                os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+                ray.init(address=self.settings.ray_address, include_dashboard=False, log_to_driver=False,
+                         logging_level="ERROR")  # fmt: skip
+                self._started_ray = True
+            largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+            memory = min(JOB_MEMORY_BYTES, int(largest)) or JOB_MEMORY_BYTES
+            path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
+            self._task = ray.remote(run_job).options(
+                num_cpus=1, memory=memory, max_retries=0, runtime_env={"env_vars": {"PYTHONPATH": path}}
+            )
+            return self._task
+
+    def dispatch(self, job: Job) -> None:
+        """Sends the job's current attempt to Ray; the result comes back through the row, not here."""
+        self._remote().remote(self.jobs.store.url, job.id, job.attempt, self.settings.job_heartbeat_seconds)
+
+    def submit(self, kind: str, request: dict[str, Any], owner: str) -> Job:
+        job = self.jobs.create(kind, request, owner)
+        try:
+            self.dispatch(job)
+        except Exception as e:
+            self.jobs.fail(job.id, job.attempt, f"could not start the job on Ray: {type(e).__name__}: {e}")
+        found = self.jobs.get(job.id)
+        assert found is not None
+        return found
+
+    # -- jobs whose worker stopped ------------------------------------------------------------------
+
+    def check(self) -> list[tuple[Job, str]]:
+        """Retries or fails every job whose worker stopped; what was done to each."""
+        s = self.settings
+        done: list[tuple[Job, str]] = []
+        for job in self.jobs.stale(s.job_stale_seconds, s.job_queued_seconds):
+            if job.state == "running":
+                why = f"the worker running attempt {job.attempt} stopped (no heartbeat for {s.job_stale_seconds:g} s)"
+            else:
+                why = f"no worker started attempt {job.attempt} within {s.job_queued_seconds:g} s"
+            if job.attempt < s.job_attempts:
+                if self.jobs.retry(job, why):
+                    retried = self.jobs.get(job.id)
+                    assert retried is not None
+                    try:
+                        self.dispatch(retried)
+                    except Exception as e:
+                        self.jobs.fail(retried.id, retried.attempt, f"{why}; the retry could not start: {e}")
+                    done.append((job, "retried"))
+            elif self.jobs.fail(job.id, job.attempt, f"{why}; {job.attempt} attempts made, none finished"):
+                done.append((job, "failed"))
+        for job, action in done:
+            log.info("job %s %s (attempt %d): %s", job.id, action, job.attempt, job.state)
+        return done
+
+    async def watch(self) -> None:
+        """`check` every few seconds, for as long as the server runs."""
+        while True:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.check)
+            await asyncio.sleep(self.settings.job_check_seconds)
+
+    def start_watching(self) -> None:
+        self._watching = asyncio.get_running_loop().create_task(self.watch())
+
+    async def close(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+        if self._started_ray:
+            import ray
+
+            ray.shutdown()

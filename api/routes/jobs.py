@@ -1,0 +1,86 @@
+"""`/jobs`: verify runs that outlive a request, with progress to poll, stream or watch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+
+from api.deps import AuthDep, JobsDep, SettingsDep
+from api.job_models import JobList, JobRecord, JobRequest
+from api.models import ErrorDetail
+from api.routes.dashboard import templates
+
+router = APIRouter()
+# How often an event stream looks at the job's row (any replica may be the one writing it).
+POLL_SECONDS = 0.5
+# A comment line this often keeps proxies from closing a quiet stream.
+KEEPALIVE_SECONDS = 15.0
+
+
+@router.post("/jobs", status_code=202, response_model=JobRecord,
+             responses={401: {"model": ErrorDetail}, 429: {"model": ErrorDetail}},
+             summary="Start a verify job; answers at once with its id")  # fmt: skip
+def post_job(body: JobRequest, caller: AuthDep, jobs: JobsDep, settings: SettingsDep) -> JSONResponse:
+    active = jobs.jobs.active_for(caller)
+    if active >= settings.jobs_per_token:
+        raise HTTPException(429, f"quota: {active} jobs of this token are queued or running (at most "
+                            f"{settings.jobs_per_token}); wait for one to end")  # fmt: skip
+    job = jobs.submit(body.kind, body.request.model_dump(mode="json"), caller)
+    record = JobRecord.of(job)
+    return JSONResponse(record.model_dump(mode="json"), status_code=202, headers={"Location": record.links.self})
+
+
+def _found(jobs: JobsDep, job_id: str) -> JobRecord:
+    job = jobs.jobs.get(job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id!r}")
+    return JobRecord.of(job)
+
+
+@router.get("/jobs", response_model=JobList, summary="Recent jobs, newest first")
+def list_jobs(jobs: JobsDep, settings: SettingsDep) -> JobList:
+    return JobList(items=[JobRecord.of(j) for j in jobs.jobs.recent(settings.page_size)])
+
+
+@router.get("/jobs/{job_id}", response_model=JobRecord, responses={404: {"model": ErrorDetail}},
+            summary="A job's state, progress and result")  # fmt: skip
+def get_job(job_id: str, jobs: JobsDep) -> JobRecord:
+    return _found(jobs, job_id)
+
+
+@router.get("/jobs/{job_id}/events", responses={404: {"model": ErrorDetail}},
+            summary="A job's progress as server-sent events")  # fmt: skip
+async def job_events(job_id: str, jobs: JobsDep) -> StreamingResponse:
+    _found(jobs, job_id)
+    return StreamingResponse(_events(jobs, job_id), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+
+
+async def _events(jobs: JobsDep, job_id: str) -> AsyncIterator[str]:
+    """`progress` whenever the row changes, then `end` with the final record."""
+    last = None
+    quiet = 0.0
+    while True:
+        record = await asyncio.to_thread(_found, jobs, job_id)
+        seen = (record.state, record.progress, record.message, record.attempt)
+        data = json.dumps(record.model_dump(mode="json"))
+        if record.state in ("done", "failed"):
+            yield f"event: end\ndata: {data}\n\n"
+            return
+        if seen != last:
+            last, quiet = seen, 0.0
+            yield f"event: progress\ndata: {data}\n\n"
+        elif quiet >= KEEPALIVE_SECONDS:
+            quiet = 0.0
+            yield ": still running\n\n"
+        await asyncio.sleep(POLL_SECONDS)
+        quiet += POLL_SECONDS
+
+
+@router.get("/jobs/{job_id}/view", response_class=HTMLResponse, include_in_schema=False)
+def view_job(request: Request, job_id: str, jobs: JobsDep) -> HTMLResponse:
+    return templates.TemplateResponse(request, "job.html", {"job": _found(jobs, job_id)})

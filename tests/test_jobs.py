@@ -1,0 +1,169 @@
+"""Jobs: recorded in the store, run on Ray, watched as they go, and never left running by a worker that died."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import CORPUS
+from fastapi.testclient import TestClient
+
+from api import create_app
+from api.job_runner import run_job
+from api.job_store import JobStore
+from api.jobs import JobQueue
+from api.settings import Settings
+from api.store import PlanStore
+
+SMALL = (CORPUS / "torch_xla" / "llama_scan_L4_small.hlo").read_text()
+MESH = {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}
+VERIFY = {"kind": "verify", "request": {"hlo": SMALL, "mesh": MESH}}
+
+
+class RecordingQueue(JobQueue):
+    """The service's queue with dispatch recorded instead of sent to Ray."""
+
+    def __init__(self, jobs: JobStore, settings: Settings) -> None:
+        super().__init__(jobs, settings)
+        self.sent: list[tuple[str, int]] = []
+
+    def dispatch(self, job) -> None:  # type: ignore[no-untyped-def]
+        self.sent.append((job.id, job.attempt))
+
+
+def test_a_verify_job_runs_to_done_with_its_stages_as_progress(store_url: str) -> None:
+    store = PlanStore(store_url)
+    jobs = JobStore(store)
+    job = jobs.create("verify", VERIFY["request"], "anonymous")
+    seen: list[tuple[float, str]] = []
+    original = jobs.report
+
+    def report(job_id: str, attempt: int, progress: float, message: str) -> bool:
+        seen.append((progress, message))
+        return original(job_id, attempt, progress, message)
+
+    jobs.report = report  # type: ignore[method-assign]
+    import api.job_runner as runner
+
+    real_store = runner.JobStore
+    runner.JobStore = lambda _: jobs  # type: ignore[assignment,misc]
+    try:
+        assert run_job(store_url, job.id, 1, heartbeat_seconds=0.2) == "done"
+    finally:
+        runner.JobStore = real_store  # type: ignore[misc]
+    done = jobs.get(job.id)
+    assert done is not None and done.state == "done" and done.progress == 1.0 and done.error is None
+    # Planning, verifying, then XLA:CPU compiling the step as given, inlined and patched, in that order.
+    messages = [m for _, m in seen]
+    assert messages[0].startswith("planning") and messages[1].startswith("verifying")
+    assert messages[2:] == ["XLA:CPU: compiling the step as given", "XLA:CPU: compiling the inlined step",
+                            "XLA:CPU: compiling the patched step"]  # fmt: skip
+    assert [p for p, _ in seen] == sorted(p for p, _ in seen) and all(p < 1 for p, _ in seen)
+    stored = store.get(done.result["plan_id"])  # type: ignore[index]
+    assert stored is not None and json.loads(stored.plan_json)["verification"]["xla"]
+    # A second worker for the same attempt finds the job already ended: it writes nothing.
+    assert run_job(store_url, job.id, 1, heartbeat_seconds=0.2) == "superseded"
+    store.close()
+
+
+def test_a_job_whose_worker_stopped_is_retried_then_failed_with_the_reason(store_url: str) -> None:
+    settings = Settings(db=store_url, job_stale_seconds=0.3, job_attempts=2)
+    store = PlanStore(store_url)
+    jobs = JobStore(store)
+    queue = RecordingQueue(jobs, settings)
+    job = jobs.create("verify", VERIFY["request"], "anonymous")
+    assert jobs.start(job.id, 1)  # a worker took attempt 1, then died without a word
+    time.sleep(0.4)
+    assert [(j.id, action) for j, action in queue.check()] == [(job.id, "retried")]
+    assert queue.sent == [(job.id, 2)] and jobs.get(job.id).state == "queued"  # type: ignore[union-attr]
+    # The dead worker's attempt can no longer write; the new one can.
+    assert not jobs.report(job.id, 1, 0.5, "late news") and jobs.start(job.id, 2)
+    time.sleep(0.4)
+    assert [action for _, action in queue.check()] == ["failed"]
+    failed = jobs.get(job.id)
+    assert failed is not None and failed.state == "failed" and failed.attempt == 2
+    assert "the worker running attempt 2 stopped (no heartbeat for 0.3 s); 2 attempts made, none finished" in (
+        failed.error or ""
+    )
+    assert queue.check() == []  # nothing left running
+    store.close()
+
+
+def test_a_replica_restarting_picks_up_a_job_left_running_and_ray_runs_it(tmp_path: Path) -> None:
+    """The first replica took the job and died; the next one to start retries it on its own (local) Ray."""
+    db = f"sqlite:///{tmp_path / 'plans.sqlite3'}"
+    store = PlanStore(db)
+    jobs = JobStore(store)
+    job = jobs.create("verify", VERIFY["request"], "anonymous")
+    jobs.start(job.id, 1)
+    jobs._write(job.id, 1, ("running",), heartbeat_at=time.time() - 60)  # its last beat, a minute ago
+    settings = Settings(db=db, job_stale_seconds=5, job_check_seconds=0.5)
+    with TestClient(create_app(settings)) as replica:
+        record = _until_finished(replica, job.id, timeout=240)
+        assert record["state"] == "done" and record["attempt"] == 2, record
+        assert replica.get(record["links"]["plan"]).json()["plan"]["verification"]["xla"]
+    store.close()
+
+
+def test_post_jobs_answers_202_at_once_and_the_event_stream_ends_with_the_result(tmp_path: Path) -> None:
+    settings = Settings(db=f"sqlite:///{tmp_path / 'plans.sqlite3'}", jobs_per_token=1)
+    with TestClient(create_app(settings)) as c:
+        started = time.perf_counter()
+        answer = c.post("/jobs", json=VERIFY)
+        assert answer.status_code == 202 and time.perf_counter() - started < 30
+        record = answer.json()
+        assert answer.headers["location"] == f"/jobs/{record['id']}" and record["state"] in ("queued", "running")
+        # One job at a time for this caller: a second is refused until the first ends.
+        second = c.post("/jobs", json=VERIFY)
+        assert second.status_code == 429 and "quota" in second.json()["detail"]
+        events: list[tuple[str, dict]] = []
+        with c.stream("GET", record["links"]["events"]) as stream:
+            kind = None
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    kind = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    events.append((kind or "", json.loads(line.removeprefix("data: "))))
+        assert events[-1][0] == "end" and events[-1][1]["state"] == "done"
+        assert all(k == "progress" for k, _ in events[:-1])
+        progress = [e["progress"] for _, e in events]
+        assert progress == sorted(progress) and progress[-1] == 1.0
+        done = c.get(f"/jobs/{record['id']}").json()
+        assert done["result"]["plan_id"] and c.get(done["links"]["plan"]).status_code == 200
+        page = c.get(done["links"]["view"]).text
+        assert 'id="bar"' in page and 'id="plan"' in page and "done" in page
+        assert c.get("/jobs").json()["items"][0]["id"] == record["id"]
+        assert c.post("/jobs", json=VERIFY).status_code == 202  # the quota frees when the job ends
+        assert c.get("/jobs/nothing").status_code == 404
+
+
+def test_rate_limit_per_token_is_429_with_retry_after(tmp_path: Path) -> None:
+    c = TestClient(create_app(Settings(db=f"sqlite:///{tmp_path / 'p.sqlite3'}", requests_per_minute=2)))
+    bad = {"hlo": "HloModule m\n"}
+    assert [c.post("/plan", json=bad).status_code for _ in range(2)] == [422, 422]
+    third = c.post("/plan", json=bad)
+    assert third.status_code == 429 and 1 <= int(third.headers["retry-after"]) <= 30
+    assert "2 requests a minute per token" in third.json()["detail"]
+    # Reading is not limited.
+    assert c.get("/plans").status_code == 200
+
+
+def test_readiness_follows_the_lifespan(tmp_path: Path) -> None:
+    app = create_app(Settings(db=f"sqlite:///{tmp_path / 'p.sqlite3'}"))
+    assert TestClient(app).get("/readyz").status_code == 503  # not started
+    with TestClient(app) as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["status"] == "ok"
+    assert TestClient(app).get("/readyz").json()["status"] == "starting or stopping"
+
+
+def _until_finished(c: TestClient, job_id: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = c.get(f"/jobs/{job_id}").json()
+        if record["state"] in ("done", "failed"):
+            return record  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    pytest.fail(f"job {job_id} still {record['state']} after {timeout} s: {record['message']}")
