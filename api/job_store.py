@@ -35,6 +35,7 @@ class Job:
     error: str | None
     attempt: int
     owner: str
+    replica: str
     created_at: float
     updated_at: float
     heartbeat_at: float
@@ -47,7 +48,7 @@ class Job:
 def _job(row: Any) -> Job:
     return Job(row.id, row.kind, row.state, row.progress, row.message, json.loads(row.request_json),
                json.loads(row.result_json) if row.result_json else None, row.error, row.attempt, row.owner,
-               row.created_at, row.updated_at, row.heartbeat_at)  # fmt: skip
+               row.replica, row.created_at, row.updated_at, row.heartbeat_at)  # fmt: skip
 
 
 class JobStore:
@@ -55,12 +56,13 @@ class JobStore:
         self.store = store
         self.engine = store.engine
 
-    def create(self, kind: str, request: dict[str, Any], owner: str) -> Job:
+    def create(self, kind: str, request: dict[str, Any], owner: str, replica: str) -> Job:
         now = time.time()
         job_id = uuid.uuid4().hex
         row = {"id": job_id, "kind": kind, "state": "queued", "progress": 0.0, "message": "queued",
                "request_json": json.dumps(request), "result_json": None, "error": None, "attempt": 1,
-               "owner": owner, "created_at": now, "updated_at": now, "heartbeat_at": now}  # fmt: skip
+               "owner": owner, "replica": replica, "created_at": now, "updated_at": now,
+               "heartbeat_at": now}  # fmt: skip
         with self.engine.begin() as db:
             db.execute(jobs.insert().values(**row))
         found = self.get(job_id)
@@ -113,20 +115,23 @@ class JobStore:
     def fail(self, job_id: str, attempt: int, error: str) -> bool:
         return self._write(job_id, attempt, ACTIVE, state="failed", message="failed", error=error[:4000])
 
-    def stale(self, running_seconds: float, queued_seconds: float) -> list[Job]:
-        """Active jobs whose worker has not been heard from: running ones past their heartbeat, queued
-        ones that no worker started."""
-        now = time.time()
+    def beat_queued(self, replica: str) -> None:
+        """The replica that sent attempts still waiting for a worker says it lives (its Ray holds them)."""
+        with self.engine.begin() as db:
+            db.execute(
+                update(jobs).where(jobs.c.state == "queued", jobs.c.replica == replica).values(heartbeat_at=time.time())
+            )
+
+    def stale(self, seconds: float) -> list[Job]:
+        """Active jobs not heard from in `seconds`: running ones whose worker stopped beating, queued ones
+        whose replica stopped beating for them."""
         with self.engine.connect() as db:
             rows = db.execute(
-                select(jobs).where(
-                    ((jobs.c.state == "running") & (jobs.c.heartbeat_at < now - running_seconds))
-                    | ((jobs.c.state == "queued") & (jobs.c.heartbeat_at < now - queued_seconds))
-                )
+                select(jobs).where(jobs.c.state.in_(ACTIVE), jobs.c.heartbeat_at < time.time() - seconds)
             ).all()
         return [_job(r) for r in rows]
 
-    def retry(self, job: Job, why: str) -> bool:
-        """The next attempt, queued; False when another replica got there first."""
+    def retry(self, job: Job, why: str, replica: str) -> bool:
+        """The next attempt, queued and sent by `replica`; False when another replica got there first."""
         return self._write(job.id, job.attempt, ACTIVE, state="queued", attempt=job.attempt + 1, progress=0.0,
-                           message=f"retrying: {why}", heartbeat_at=time.time())  # fmt: skip
+                           message=f"retrying: {why}", heartbeat_at=time.time(), replica=replica)  # fmt: skip

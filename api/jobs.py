@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from api.job_store import Job, JobStore
@@ -32,9 +34,15 @@ class JobQueue:
         self.jobs = jobs
         self.settings = settings
         self._ray_lock = threading.Lock()
+        # One thread, alive as long as the queue, starts Ray and sends jobs: Ray's head processes die with
+        # the thread that started them (they are its children with a parent-death signal), so a
+        # short-lived thread would take the local Ray down as soon as it ended.
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobs-to-ray")
         self._started_ray = False
         self._task: Any = None
         self._watching: asyncio.Task[None] | None = None
+        # This replica, as the jobs it sends to Ray name it.
+        self.replica = uuid.uuid4().hex[:16]
 
     # -- Ray ------------------------------------------------------------------------------------
 
@@ -65,14 +73,17 @@ class JobQueue:
         self._remote().remote(self.jobs.store.url, job.id, job.attempt, self.settings.job_heartbeat_seconds)
 
     def submit(self, kind: str, request: dict[str, Any], owner: str) -> Job:
-        job = self.jobs.create(kind, request, owner)
+        """Records the job and answers at once: sending it to Ray (starting a local Ray on the first job
+        takes seconds) happens on a thread of its own."""
+        job = self.jobs.create(kind, request, owner, self.replica)
+        self._sender.submit(self._dispatch_or_fail, job)
+        return job
+
+    def _dispatch_or_fail(self, job: Job) -> None:
         try:
             self.dispatch(job)
-        except Exception as e:
+        except Exception as e:  # Ray not reachable: the job says so and ends
             self.jobs.fail(job.id, job.attempt, f"could not start the job on Ray: {type(e).__name__}: {e}")
-        found = self.jobs.get(job.id)
-        assert found is not None
-        return found
 
     # -- jobs whose worker stopped ------------------------------------------------------------------
 
@@ -80,19 +91,16 @@ class JobQueue:
         """Retries or fails every job whose worker stopped; what was done to each."""
         s = self.settings
         done: list[tuple[Job, str]] = []
-        for job in self.jobs.stale(s.job_stale_seconds, s.job_queued_seconds):
+        for job in self.jobs.stale(s.job_stale_seconds):
             if job.state == "running":
                 why = f"the worker running attempt {job.attempt} stopped (no heartbeat for {s.job_stale_seconds:g} s)"
             else:
-                why = f"no worker started attempt {job.attempt} within {s.job_queued_seconds:g} s"
+                why = f"the replica that sent attempt {job.attempt} stopped before a worker started it"
             if job.attempt < s.job_attempts:
-                if self.jobs.retry(job, why):
+                if self.jobs.retry(job, why, self.replica):
                     retried = self.jobs.get(job.id)
                     assert retried is not None
-                    try:
-                        self.dispatch(retried)
-                    except Exception as e:
-                        self.jobs.fail(retried.id, retried.attempt, f"{why}; the retry could not start: {e}")
+                    self._sender.submit(self._dispatch_or_fail, retried)
                     done.append((job, "retried"))
             elif self.jobs.fail(job.id, job.attempt, f"{why}; {job.attempt} attempts made, none finished"):
                 done.append((job, "failed"))
@@ -101,9 +109,11 @@ class JobQueue:
         return done
 
     async def watch(self) -> None:
-        """`check` every few seconds, for as long as the server runs."""
+        """Every few seconds, for as long as the server runs: beat for the attempts this replica sent that
+        wait for a worker, then `check`."""
         while True:
             with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.jobs.beat_queued, self.replica)
                 await asyncio.to_thread(self.check)
             await asyncio.sleep(self.settings.job_check_seconds)
 
@@ -118,4 +128,5 @@ class JobQueue:
         if self._started_ray:
             import ray
 
-            ray.shutdown()
+            await asyncio.wrap_future(self._sender.submit(ray.shutdown))
+        self._sender.shutdown(wait=False, cancel_futures=True)

@@ -35,8 +35,9 @@ searches = Table(
     Column("report_json", Text, nullable=False),
 )
 
-# Long work (verify, search) as jobs any replica can report on: the row is the truth, the worker
-# running attempt `attempt` writes it, and a row whose worker stopped beating is retried or failed.
+# Long work (verify) as jobs any replica can report on: the row is the truth, the worker running
+# attempt `attempt` writes it, and a row whose worker stopped beating is retried or failed. While an
+# attempt waits for a worker, the replica that sent it beats for it.
 jobs = Table(
     "jobs",
     metadata,
@@ -50,6 +51,7 @@ jobs = Table(
     Column("error", Text),
     Column("attempt", Integer, nullable=False),
     Column("owner", String(64), nullable=False),  # who asked: a token's digest, or "anonymous"
+    Column("replica", String(32), nullable=False),  # the replica that sent the current attempt to Ray
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     Column("heartbeat_at", Double, nullable=False),

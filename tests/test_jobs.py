@@ -32,11 +32,18 @@ class RecordingQueue(JobQueue):
     def dispatch(self, job) -> None:  # type: ignore[no-untyped-def]
         self.sent.append((job.id, job.attempt))
 
+    def check(self):  # type: ignore[no-untyped-def]
+        """`check`, once the jobs it sends have been sent (that happens on the queue's own thread)."""
+        done = super().check()
+        self._sender.submit(lambda: None).result()
+        return done
 
-def test_a_verify_job_runs_to_done_with_its_stages_as_progress(store_url: str) -> None:
+
+def test_a_verify_job_runs_to_done_with_its_stages_as_progress(tmp_path: Path) -> None:
+    store_url = f"sqlite:///{tmp_path / 'plans.sqlite3'}"
     store = PlanStore(store_url)
     jobs = JobStore(store)
-    job = jobs.create("verify", VERIFY["request"], "anonymous")
+    job = jobs.create("verify", VERIFY["request"], "anonymous", "gone")
     seen: list[tuple[float, str]] = []
     original = jobs.report
 
@@ -73,7 +80,7 @@ def test_a_job_whose_worker_stopped_is_retried_then_failed_with_the_reason(store
     store = PlanStore(store_url)
     jobs = JobStore(store)
     queue = RecordingQueue(jobs, settings)
-    job = jobs.create("verify", VERIFY["request"], "anonymous")
+    job = jobs.create("verify", VERIFY["request"], "anonymous", "gone")
     assert jobs.start(job.id, 1)  # a worker took attempt 1, then died without a word
     time.sleep(0.4)
     assert [(j.id, action) for j, action in queue.check()] == [(job.id, "retried")]
@@ -88,27 +95,30 @@ def test_a_job_whose_worker_stopped_is_retried_then_failed_with_the_reason(store
         failed.error or ""
     )
     assert queue.check() == []  # nothing left running
-    store.close()
-
-
-def test_a_replica_restarting_picks_up_a_job_left_running_and_ray_runs_it(tmp_path: Path) -> None:
-    """The first replica took the job and died; the next one to start retries it on its own (local) Ray."""
-    db = f"sqlite:///{tmp_path / 'plans.sqlite3'}"
-    store = PlanStore(db)
-    jobs = JobStore(store)
-    job = jobs.create("verify", VERIFY["request"], "anonymous")
-    jobs.start(job.id, 1)
-    jobs._write(job.id, 1, ("running",), heartbeat_at=time.time() - 60)  # its last beat, a minute ago
-    settings = Settings(db=db, job_stale_seconds=5, job_check_seconds=0.5)
-    with TestClient(create_app(settings)) as replica:
-        record = _until_finished(replica, job.id, timeout=240)
-        assert record["state"] == "done" and record["attempt"] == 2, record
-        assert replica.get(record["links"]["plan"]).json()["plan"]["verification"]["xla"]
+    # A job sent by a replica that still beats for it waits as long as it must; one whose replica
+    # stopped (its local Ray, and the job in Ray's queue, gone with it) is sent again.
+    waiting = jobs.create("verify", VERIFY["request"], "anonymous", queue.replica)
+    orphan = jobs.create("verify", VERIFY["request"], "anonymous", "gone")
+    time.sleep(0.4)
+    jobs.beat_queued(queue.replica)
+    assert [(j.id, action) for j, action in queue.check()] == [(orphan.id, "retried")]
+    retried = jobs.get(orphan.id)
+    assert retried is not None and retried.replica == queue.replica and retried.attempt == 2
+    assert "the replica that sent attempt 1 stopped before a worker started it" in retried.message
+    assert jobs.get(waiting.id).attempt == 1  # type: ignore[union-attr]
     store.close()
 
 
 def test_post_jobs_answers_202_at_once_and_the_event_stream_ends_with_the_result(tmp_path: Path) -> None:
-    settings = Settings(db=f"sqlite:///{tmp_path / 'plans.sqlite3'}", jobs_per_token=1)
+    """On a replica with its own local Ray: a new job runs to its end, watched as events; and a job an
+    earlier replica left running (its worker died with it) is picked up when this one starts."""
+    db = f"sqlite:///{tmp_path / 'plans.sqlite3'}"
+    store = PlanStore(db)
+    jobs = JobStore(store)
+    left = jobs.create("verify", {**VERIFY["request"], "hbm_bytes": 1 << 40}, "token:earlier", "gone")
+    jobs.start(left.id, 1)
+    jobs._write(left.id, 1, ("running",), heartbeat_at=time.time() - 60)  # its last beat, a minute ago
+    settings = Settings(db=db, jobs_per_token=1, job_stale_seconds=5, job_check_seconds=0.5)
     with TestClient(create_app(settings)) as c:
         started = time.perf_counter()
         answer = c.post("/jobs", json=VERIFY)
@@ -137,6 +147,10 @@ def test_post_jobs_answers_202_at_once_and_the_event_stream_ends_with_the_result
         assert c.get("/jobs").json()["items"][0]["id"] == record["id"]
         assert c.post("/jobs", json=VERIFY).status_code == 202  # the quota frees when the job ends
         assert c.get("/jobs/nothing").status_code == 404
+        picked_up = _until_finished(c, left.id, timeout=240)
+        assert picked_up["state"] == "done" and picked_up["attempt"] == 2, picked_up
+        assert c.get(picked_up["links"]["plan"]).json()["plan"]["verification"]["xla"]
+    store.close()
 
 
 def test_rate_limit_per_token_is_429_with_retry_after(tmp_path: Path) -> None:

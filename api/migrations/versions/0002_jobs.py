@@ -28,6 +28,7 @@ def upgrade() -> None:
         sa.Column("error", sa.Text),
         sa.Column("attempt", sa.Integer, nullable=False),
         sa.Column("owner", sa.String(64), nullable=False),
+        sa.Column("replica", sa.String(32), nullable=False),
         sa.Column("created_at", sa.Double, nullable=False),
         sa.Column("updated_at", sa.Double, nullable=False),
         sa.Column("heartbeat_at", sa.Double, nullable=False),
