@@ -22,7 +22,8 @@ from planner.progress import reporting
 from planner.targets import tpu_topology
 
 VERIFY = "verify"
-KINDS = (VERIFY,)
+SEARCH = "search"
+KINDS = (VERIFY, SEARCH)
 
 
 def expected_notes(request: PlanRequest) -> int:
@@ -80,6 +81,8 @@ def _beat(jobs: JobStore, job_id: str, attempt: int, seconds: float, stop: threa
 def _work(
     store: PlanStore, jobs: JobStore, job_id: str, attempt: int, kind: str, request: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, str | None]:
+    if kind == SEARCH:
+        return _search(store, jobs, job_id, attempt, request)
     if kind != VERIFY:
         return None, f"no job kind {kind!r} (known: {', '.join(KINDS)})"
     plan_request = verifying(PlanRequest.model_validate(request))
@@ -100,3 +103,36 @@ def _work(
     plan_id = plan_request.content_hash()
     store_answer(store, plan_id, answer)
     return {"plan_id": plan_id}, None
+
+
+def _search(
+    store: PlanStore, jobs: JobStore, job_id: str, attempt: int, spec: dict[str, Any]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """A configuration search (`spmd-planner search`), its candidates as Ray tasks of their own (this task
+    runs inside Ray); the ranking is stored as a search. Progress: candidates planned, then compiled."""
+    from api.job_models import SearchSpec
+    from planner.cli.search_command import load_builder
+    from scan_runtime.jax.candidates import candidate_grid
+    from scan_runtime.jax.search import report_body, search
+
+    given = SearchSpec.model_validate(spec)
+    remats = [None if r == "none" else r for r in given.remat]
+    candidates = candidate_grid(given.devices, given.axes, remats, given.microbatches, given.chips)
+    total = len(candidates) + given.top
+    planned = 0
+
+    def progress(what: str, done: int, of: int) -> None:
+        nonlocal planned
+        if what == "planned":
+            planned = done
+            finished = done
+        else:
+            finished = planned + done * given.top // max(of, 1)
+        jobs.report(job_id, attempt, min(finished / total, 0.99), f"{what} {done} of {of} candidates")
+
+    jobs.report(job_id, attempt, 0.0, f"planning {len(candidates)} candidates")
+    report = search(load_builder(given.builder), candidates, top_k=given.top, progress=progress)
+    body = report_body(report, given.builder)
+    search_id = body.content_hash()
+    store.put_search(search_id, body.model_dump_json())
+    return {"search_id": search_id}, None

@@ -25,8 +25,9 @@ from api.settings import Settings
 
 log = logging.getLogger("spmd_planner.api")
 GIB = 1 << 30
-# What a verify task may hold at once: the planner, and XLA compiling the step three times.
-JOB_MEMORY_BYTES = 6 * GIB
+# What a job's own task may hold at once: a verify runs the planner and XLA's compiles itself; a search
+# sends its candidates to tasks of their own (which ask for theirs) and only waits.
+JOB_MEMORY_BYTES = {"verify": 6 * GIB, "search": GIB // 2}
 
 
 class JobQueue:
@@ -39,18 +40,18 @@ class JobQueue:
         # short-lived thread would take the local Ray down as soon as it ended.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobs-to-ray")
         self._started_ray = False
-        self._task: Any = None
+        self._tasks: dict[str, Any] = {}
         self._watching: asyncio.Task[None] | None = None
         # This replica, as the jobs it sends to Ray name it.
         self.replica = uuid.uuid4().hex[:16]
 
     # -- Ray ------------------------------------------------------------------------------------
 
-    def _remote(self) -> Any:
-        """The Ray task, Ray started on first use (local unless an address is configured)."""
+    def _remote(self, kind: str) -> Any:
+        """The Ray task for a job of `kind`, Ray started on first use (local unless an address is configured)."""
         with self._ray_lock:
-            if self._task is not None:
-                return self._task
+            if kind in self._tasks:
+                return self._tasks[kind]
             import ray
 
             from api.job_runner import run_job
@@ -61,16 +62,16 @@ class JobQueue:
                          logging_level="ERROR")  # fmt: skip
                 self._started_ray = True
             largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
-            memory = min(JOB_MEMORY_BYTES, int(largest)) or JOB_MEMORY_BYTES
+            memory = min(JOB_MEMORY_BYTES[kind], int(largest)) or JOB_MEMORY_BYTES[kind]
             path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
-            self._task = ray.remote(run_job).options(
+            self._tasks[kind] = ray.remote(run_job).options(
                 num_cpus=1, memory=memory, max_retries=0, runtime_env={"env_vars": {"PYTHONPATH": path}}
             )
-            return self._task
+            return self._tasks[kind]
 
     def dispatch(self, job: Job) -> None:
         """Sends the job's current attempt to Ray; the result comes back through the row, not here."""
-        self._remote().remote(self.jobs.store.url, job.id, job.attempt, self.settings.job_heartbeat_seconds)
+        self._remote(job.kind).remote(self.jobs.store.url, job.id, job.attempt, self.settings.job_heartbeat_seconds)
 
     def submit(self, kind: str, request: dict[str, Any], owner: str) -> Job:
         """Records the job and answers at once: sending it to Ray (starting a local Ray on the first job

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     job_check_seconds: float = Field(default=5.0, gt=0, description="how often a replica looks for stalled jobs")
     jobs_per_token: int = Field(default=4, ge=1, description="queued and running jobs one token may have at once")
     requests_per_minute: int = Field(default=600, ge=1, description="POSTs one token may make per minute")
+    search_builders: list[str] = Field(
+        default_factory=list,
+        description="MODULE:FUNCTION step builders search jobs may run (code the service imports: the operator "
+        "names them; JSON list)",
+    )
 
 
 def store_location(settings: Settings) -> str | Path:

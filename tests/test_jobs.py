@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS
+from conftest import CORPUS, REPO
 from fastapi.testclient import TestClient
 
 from api import create_app
@@ -181,3 +181,25 @@ def _until_finished(c: TestClient, job_id: str, timeout: float) -> dict:
             return record  # type: ignore[no-any-return]
         time.sleep(0.5)
     pytest.fail(f"job {job_id} still {record['state']} after {timeout} s: {record['message']}")
+
+
+def test_a_search_job_ranks_on_ray_and_stores_the_ranking(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A search job runs `spmd-planner search`'s work inside Ray (its candidates as tasks of their own); only
+    builders the operator names may run."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    settings = Settings(db=f"sqlite:///{tmp_path / 'p.sqlite3'}", search_builders=["search_llama_jax:build"])
+    spec = {"builder": "search_llama_jax:build", "devices": 8, "remat": ["none"], "chips": ["v6e"], "top": 1}
+    with TestClient(create_app(settings)) as c:
+        refused = c.post("/jobs", json={"kind": "search", "search": {**spec, "builder": "os:system"}})
+        assert refused.status_code == 422 and "not one this service runs: search_llama_jax:build" in refused.text
+        assert c.post("/jobs", json={"kind": "search"}).status_code == 422  # no grid
+        record = c.post("/jobs", json={"kind": "search", "search": spec}).json()
+        done = _until_finished(c, record["id"], timeout=600)
+        assert done["state"] == "done", done
+        ranking = c.get(done["links"]["search"]).json()["report"]
+        rows = ranking["rows"]
+        # fsdp x tp over 8 chips: four meshes, all planned; the best one compiled by the chip's compiler.
+        assert ranking["builder"] == "search_llama_jax:build" and len(rows) == 4
+        assert rows[0]["compiled_bytes"] and not any(r["compiled_bytes"] for r in rows[1:])
+        assert 'id="search"' in c.get(done["links"]["view"]).text

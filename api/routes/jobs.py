@@ -1,4 +1,4 @@
-"""`/jobs`: verify runs that outlive a request, with progress to poll, stream or watch."""
+"""`/jobs`: verify and search runs that outlive a request, with progress to poll, stream or watch."""
 
 from __future__ import annotations
 
@@ -22,14 +22,17 @@ KEEPALIVE_SECONDS = 15.0
 
 
 @router.post("/jobs", status_code=202, response_model=JobRecord,
-             responses={401: {"model": ErrorDetail}, 429: {"model": ErrorDetail}},
-             summary="Start a verify job; answers at once with its id")  # fmt: skip
+             responses={401: {"model": ErrorDetail}, 422: {"model": ErrorDetail}, 429: {"model": ErrorDetail}},
+             summary="Start a verify or search job; answers at once with its id")  # fmt: skip
 def post_job(body: JobRequest, caller: AuthDep, jobs: JobsDep, settings: SettingsDep) -> JSONResponse:
     active = jobs.jobs.active_for(caller)
     if active >= settings.jobs_per_token:
         raise HTTPException(429, f"quota: {active} jobs of this token are queued or running (at most "
                             f"{settings.jobs_per_token}); wait for one to end")  # fmt: skip
-    job = jobs.submit(body.kind, body.request.model_dump(mode="json"), caller)
+    if body.search is not None and body.search.builder not in settings.search_builders:
+        allowed = ", ".join(settings.search_builders) or "none (SPMD_PLANNER_SEARCH_BUILDERS is empty)"
+        raise HTTPException(422, f"step builder {body.search.builder!r} is not one this service runs: {allowed}")
+    job = jobs.submit(body.kind, body.payload(), caller)
     record = JobRecord.of(job)
     return JSONResponse(record.model_dump(mode="json"), status_code=202, headers={"Location": record.links.self})
 
