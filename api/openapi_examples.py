@@ -137,6 +137,31 @@ _OTHERS["SearchReportBody"] = {"builder": "search_llama_jax:build", "rows": [_OT
 _OTHERS["SearchRecord"] = {"id": "5f0c2d1e9a7b4c3d8e6f1a2b3c4d5e6f", "created_at": 1795420800.0,
                            "report": _OTHERS["SearchReportBody"]}  # fmt: skip
 
+# A verify job of the bundled dump, as the service answered it once done (tests/test_jobs.py's run).
+_JOB_ID = "00ee6260e3e34a45875e7925bd1ee9d0"
+_OTHERS["SearchSpec"] = {"builder": "search_llama_jax:build", "devices": 8, "axes": ["fsdp", "tp"],
+                         "remat": ["none", "full"], "microbatches": [1, 2], "chips": ["v6e"], "top": 2}  # fmt: skip
+_OTHERS["JobRequest"] = {
+    "kind": "verify", "search": None,
+    "request": {"hlo": "HloModule m, num_partitions=8\n\nENTRY e {\n  p = f32[8,1024]{1,0} parameter(0), "
+                "sharding={devices=[4,2]<=[8]}\n  ROOT n = f32[8,1024]{1,0} negate(p)\n}\n",
+                "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "chip": "v6e"},
+}  # fmt: skip
+_OTHERS["JobLinks"] = {"self": f"/jobs/{_JOB_ID}", "events": f"/jobs/{_JOB_ID}/events",
+                       "view": f"/jobs/{_JOB_ID}/view", "plan": "/plans/c29be64f11394efc6aacaf452b97f455",
+                       "search": None}  # fmt: skip
+_OTHERS["JobRecord"] = {
+    "id": _JOB_ID, "kind": "verify", "state": "done", "progress": 1.0, "message": "done",
+    "result": {"plan_id": "c29be64f11394efc6aacaf452b97f455"}, "error": None, "attempt": 1,
+    "created_at": 1795420800.0, "updated_at": 1795420819.4, "links": _OTHERS["JobLinks"],
+}  # fmt: skip
+_RUNNING_ID = "7b0acd7b32a04e47bf4a724c347b16e4"
+_RUNNING_JOB = {**_OTHERS["JobRecord"], "id": _RUNNING_ID, "state": "running", "progress": 0.6,
+                "message": "XLA:CPU: compiling the inlined step", "result": None,
+                "links": {"self": f"/jobs/{_RUNNING_ID}", "events": f"/jobs/{_RUNNING_ID}/events",
+                          "view": f"/jobs/{_RUNNING_ID}/view", "plan": None, "search": None}}  # fmt: skip
+_OTHERS["JobList"] = {"items": [_RUNNING_JOB, _OTHERS["JobRecord"]]}
+
 
 def service_examples() -> dict[str, Any]:
     """Examples for the response models wrapping a plan."""
