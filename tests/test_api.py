@@ -12,6 +12,7 @@ from conftest import CORPUS
 from fastapi.testclient import TestClient
 
 from api import create_app
+from api.job_models import JobList, JobRecord, JobRequest
 from api.models import PlanRecord, PlanRequest
 from api.openapi_examples import example_plan, make_example
 from api.settings import Settings
@@ -254,6 +255,8 @@ def test_openapi_documents_every_model_with_examples(store_url: str) -> None:
     assert Plan.model_validate(components["Plan"]["examples"][0])
     assert PlanRecord.model_validate(components["PlanRecord"]["examples"][0])
     assert PlanRequest.model_validate(components["PlanRequest"]["examples"][0])
+    for name, model in (("JobRequest", JobRequest), ("JobRecord", JobRecord), ("JobList", JobList)):
+        assert model.model_validate(components[name]["examples"][0]), name
     post = schema["paths"]["/plan"]["post"]
     assert {"application/json", "multipart/form-data"} <= set(post["requestBody"]["content"])
     assert {"200", "413", "422", "504"} <= set(post["responses"])
