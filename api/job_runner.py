@@ -112,12 +112,12 @@ def _search(
     runs inside Ray); the ranking is stored as a search. Progress: candidates planned, then compiled."""
     from api.job_models import SearchSpec
     from planner.cli.search_command import load_builder
-    from scan_runtime.jax.candidates import candidate_grid
+    from scan_runtime.jax.candidates import candidate_grid, remat_policies
     from scan_runtime.jax.search import report_body, search
 
     given = SearchSpec.model_validate(spec)
-    remats = [None if r == "none" else r for r in given.remat]
-    candidates = candidate_grid(given.devices, given.axes, remats, given.microbatches, given.chips)
+    candidates = candidate_grid(given.devices, given.axes, remat_policies(given.remat), given.microbatches,
+                                given.chips)  # fmt: skip
     total = len(candidates) + given.top
     planned = 0
 

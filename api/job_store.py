@@ -40,10 +40,6 @@ class Job:
     updated_at: float
     heartbeat_at: float
 
-    @property
-    def finished(self) -> bool:
-        return self.state in FINISHED
-
 
 def _job(row: Any) -> Job:
     return Job(row.id, row.kind, row.state, row.progress, row.message, json.loads(row.request_json),

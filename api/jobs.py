@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from typing import Any
 
 from api.job_store import Job, JobStore
 from api.settings import Settings
+from scan_runtime.ray_tasks import driver_path, task_memory
 
 log = logging.getLogger("spmd_planner.api")
 GIB = 1 << 30
@@ -61,11 +61,11 @@ class JobQueue:
                 ray.init(address=self.settings.ray_address, include_dashboard=False, log_to_driver=False,
                          logging_level="ERROR")  # fmt: skip
                 self._started_ray = True
-            largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
-            memory = min(JOB_MEMORY_BYTES[kind], int(largest)) or JOB_MEMORY_BYTES[kind]
-            path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
             self._tasks[kind] = ray.remote(run_job).options(
-                num_cpus=1, memory=memory, max_retries=0, runtime_env={"env_vars": {"PYTHONPATH": path}}
+                num_cpus=1,
+                memory=task_memory(JOB_MEMORY_BYTES[kind]),
+                max_retries=0,
+                runtime_env={"env_vars": {"PYTHONPATH": driver_path()}},
             )
             return self._tasks[kind]
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -77,9 +79,19 @@ def _engine(url: str) -> Engine:
         raise ValueError(f"a PostgreSQL store needs psycopg: pip install 'spmd-planner[team]' ({e})") from e
 
 
-def _migrate(connection: Connection) -> None:
+def shown_url(url_or_path: str | Path) -> str:
+    """The database for a log line: its URL without the password."""
+    return make_url(database_url(url_or_path)).render_as_string(hide_password=True)
+
+
+def _alembic_config() -> Config:
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
+    return config
+
+
+def _migrate(connection: Connection) -> None:
+    config = _alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
 
@@ -89,6 +101,8 @@ class PlanStore:
         self.url = database_url(url_or_path)
         self.engine = _engine(self.url)
         self.dialect = self.engine.dialect.name
+        # Read once: readiness probes ask the database, not the migration files, each time.
+        self.newest_revision = ScriptDirectory.from_config(_alembic_config()).get_current_head()
         # Alembic's `context` and `op` are process-wide: stores opening in two threads take turns, each
         # until its migration is committed.
         with _MIGRATING, self.engine.begin() as db:
@@ -98,19 +112,8 @@ class PlanStore:
 
     def at_newest_revision(self) -> bool:
         """Whether the database is at the newest migration this server knows (another replica may be newer)."""
-        from alembic.runtime.migration import MigrationContext
-        from alembic.script import ScriptDirectory
-
-        config = Config()
-        config.set_main_option("script_location", str(_MIGRATIONS))
-        newest = ScriptDirectory.from_config(config).get_current_head()
         with self.engine.connect() as db:
-            return MigrationContext.configure(db).get_current_revision() == newest
-
-    @property
-    def where(self) -> str:
-        """The database, for a log line (no password)."""
-        return make_url(self.url).render_as_string(hide_password=True)
+            return MigrationContext.configure(db).get_current_revision() == self.newest_revision
 
     def close(self) -> None:
         self.engine.dispose()

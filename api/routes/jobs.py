@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from api.deps import AuthDep, JobsDep, SettingsDep
 from api.job_models import JobList, JobRecord, JobRequest
+from api.job_store import FINISHED
 from api.models import ErrorDetail
 from api.routes.dashboard import templates
 
@@ -71,7 +72,7 @@ async def _events(jobs: JobsDep, job_id: str) -> AsyncIterator[str]:
         record = await asyncio.to_thread(_found, jobs, job_id)
         seen = (record.state, record.progress, record.message, record.attempt)
         data = json.dumps(record.model_dump(mode="json"))
-        if record.state in ("done", "failed"):
+        if record.state in FINISHED:
             yield f"event: end\ndata: {data}\n\n"
             return
         if seen != last:

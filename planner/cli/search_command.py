@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(package) is None:
             raise ValueError(f"search needs {package}, which is not installed: pip install 'spmd-planner[{extra}]'")
     from scan_runtime.client import PlannerRefused, PlannerUnavailable
-    from scan_runtime.jax.candidates import candidate_grid
+    from scan_runtime.jax.candidates import candidate_grid, remat_policies
     from scan_runtime.jax.search import post_report, report_body, search, terminal_progress
 
     if args.top < 0:
         raise ValueError(f"--top {args.top} must be >= 0")
-    remats = [None if r == "none" else r for r in args.remat.split(",")]
+    remats = remat_policies(args.remat.split(","))
     try:
         microbatches = [int(k) for k in args.microbatches.split(",")]
     except ValueError:

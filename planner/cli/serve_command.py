@@ -21,11 +21,13 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api import Settings, create_app
+    from api.settings import store_location
+    from api.store import shown_url
 
     if args.db is not None:
         os.environ["SPMD_PLANNER_DB" if "://" in args.db else "SPMD_PLANNER_DB_PATH"] = args.db
     settings = Settings()
-    shown = settings.db.split("@")[-1] if settings.db else settings.db_path
+    shown = shown_url(store_location(settings))
     print(f"spmd-planner: serving on http://{args.host}:{args.port} (plans in {shown})", flush=True)
     # One line per request from the service's own log (method, path, status, ms, plan id, cached);
     # uvicorn's access log, which says less, stays off with its other info lines.

@@ -54,6 +54,11 @@ def factorizations(num_devices: int, num_axes: int) -> list[tuple[int, ...]]:
     return [f for f in itertools.product(divisors, repeat=num_axes) if math.prod(f) == num_devices]
 
 
+def remat_policies(names: Sequence[str]) -> list[str | None]:
+    """Remat policies as a user names them: `none` is no remat."""
+    return [None if name == "none" else name for name in names]
+
+
 def candidate_grid(
     num_devices: int,
     axis_names: Sequence[str],

@@ -24,6 +24,7 @@ from typing import Any
 
 from scan_runtime.jax.candidates import Candidate
 from scan_runtime.jax.evaluate import Confirmation, Evaluation, StepBuilder, confirm, evaluate
+from scan_runtime.ray_tasks import driver_path, task_memory
 
 GIB = 1 << 30
 # Peak resident memory of one task, measured on this project's steps: lowering and planning a
@@ -119,9 +120,7 @@ def _run_all(
     if not arguments:
         return []
     task = ray.remote(work)
-    # A task larger than every node would wait for ever: ask at most what the largest node has.
-    largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=memory_bytes)
-    memory = min(memory_bytes, int(largest) or memory_bytes)
+    memory = task_memory(memory_bytes)
     refs = [
         task.options(num_cpus=1, memory=memory, runtime_env=_environment(c.num_devices)).remote(*args)
         for args, c in zip(arguments, candidates)
@@ -138,9 +137,8 @@ def _run_all(
 def _environment(num_devices: int) -> dict[str, Any]:
     """A worker's environment: JAX on `num_devices` virtual CPU devices, and the driver's import path (the
     step builder's module must import in the worker as it does here)."""
-    path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
     return {"env_vars": {"XLA_FLAGS": f"--xla_force_host_platform_device_count={num_devices}",
-                         "JAX_PLATFORMS": "cpu", "PYTHONPATH": path,
+                         "JAX_PLATFORMS": "cpu", "PYTHONPATH": driver_path(),
                          # libtpu locks a file per process unless told several processes may load it.
                          "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}}  # fmt: skip
 
