@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import MemberDescriptorType
 from typing import NoReturn
 
@@ -59,10 +59,13 @@ from planner.hlo.parse_state import ParseState, PendingReference, Scope, gc_paus
 from planner.hlo.shape_checks import needs_shape_check, shape_problem, shapes_only_group
 from planner.hlo.shape_inference import compatible
 from planner.hlo.shapes import Shape, parse_optional_shape, parse_shape
+from planner.hlo.tuple_operands import element_problem, make_elements
 from planner.scanner import next_token, skip_balanced
 
 _NAME = r"%?[A-Za-z_0-9][\w.\-]*+"
-_OPERAND = rf"(?:/\*index=\d++\*/)?{_NAME}"
+# An operand names an instruction, or element k of a tuple-valued one: `%t#k` (`tuple_operands`).
+_ELEMENT = r"(?:\#\d++)?"
+_OPERAND = rf"(?:/\*index=\d++\*/)?{_NAME}{_ELEMENT}"
 # One instruction on one line, from its name to the end of the line: groups are ROOT, name,
 # shape, opcode, operands and the `, key=value` attributes. Each piece can be read only one
 # way, so the possessive quantifiers change nothing but the speed.
@@ -77,9 +80,9 @@ _SIMPLE_LINE = re.compile(rf"\s*{_ONE_LINE}")
 
 # The rows: lines in XLA's own spacing, with ASCII names and plain layouts.
 _ASCII_NAME = r"[A-Za-z_0-9][A-Za-z0-9_.\-]*+"
-_ASCII_OPERAND = rf"(?:/\*index=\d++\*/)?%?{_ASCII_NAME}"
+_ASCII_OPERAND = rf"(?:/\*index=\d++\*/)?%?{_ASCII_NAME}{_ELEMENT}"
 _PLAIN_SHAPE = r"[a-z][a-z0-9]*+\[[0-9,]*+\](?:\{[0-9,]*+\})?|\([^()\n]*+\)"
-_TYPED_OPERAND = rf"(?:/\*index=\d++\*/)?(?:(?:{_PLAIN_SHAPE}) )?%?{_ASCII_NAME}"
+_TYPED_OPERAND = rf"(?:/\*index=\d++\*/)?(?:(?:{_PLAIN_SHAPE}) )?%?{_ASCII_NAME}{_ELEMENT}"
 _QUOTED = r'"(?:[^"\\\n]++|\\.)*+"'
 _HEAD = rf"[ \t]*+(ROOT )?%?({_ASCII_NAME}) = ({_PLAIN_SHAPE}) ([a-z][a-z0-9\-]*+)\("
 _SIMPLE_TAIL = (
@@ -103,15 +106,16 @@ _STRICT_ROWS = re.compile(rf"(?:{_HEAD}(?:{_SIMPLE_TAIL}|{_TYPED_TAIL})|[^\n]*+)
 # A typed line again, for positions: groups 1-4 as in a row, 5-6 its operands and attributes.
 _TYPED_LINE = re.compile(_HEAD + _TYPED_TAIL)
 _TYPED_ARGS = re.compile(rf"(?:{_TYPED_OPERAND}(?:, {_TYPED_OPERAND})*+)?")
-_TYPED_OPERANDS = re.compile(rf"(?:/\*index=\d++\*/)?(?:({_PLAIN_SHAPE}) )?%?({_ASCII_NAME})")
+_TYPED_OPERANDS = re.compile(rf"(?:/\*index=\d++\*/)?(?:({_PLAIN_SHAPE}) )?%?({_ASCII_NAME}{_ELEMENT})")
 assert _LOOSE_TYPED_TAIL != _TYPED_TAIL
 
 _FLAT_ATTRIBUTE = re.compile(rf",[ \t]*([A-Za-z_][\w\-]*)=({FLAT_VALUE})")
 _FLAT_ATTRIBUTES = re.compile(rf"(?:, [A-Za-z_][A-Za-z0-9_\-]*+={FLAT_VALUE})*+")
 _COMMENTS = re.compile(r"/\*.*?\*/")
 _INDEX_COMMENT = re.compile(r"/\*index=\d++\*/")
-_OPERAND_NAMES = re.compile(r"%?([A-Za-z_0-9][\w.\-]*)")
+_OPERAND_NAMES = re.compile(r"%?([A-Za-z_0-9][\w.\-]*(?:#\d+)?)")
 _ROOT = re.compile(r"ROOT\b")
+_ELEMENT_SUFFIX = re.compile(r"#\d+")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*(?=\()")
 
 # What the checks need to know of an opcode: operand count bounds (a count outside them is
@@ -191,6 +195,8 @@ def _parse_body(state: ParseState, scope: Scope) -> tuple[list[Instruction], str
     checks_passed = state.checks_passed
     instructions: list[Instruction] = []
     append = instructions.append
+    # Tuple elements read as `%t#k` by the instruction being read, to be placed before it.
+    elements = scope.elements
     root: str | None = None
     # The line to read next, or -1 while the cursor is inside a line that goes on.
     i = _next_line(state, c.pos)
@@ -224,6 +230,8 @@ def _parse_body(state: ParseState, scope: Scope) -> tuple[list[Instruction], str
                         checks_passed.add((check_key, args))
                     inst = _new_instruction(name, opcode, shape, (), attributes, None, args, i)
                 else:
+                    if "#" in args:
+                        _tuple_elements(state, scope, _OPERAND_NAMES.findall(args), i, starts[i - 1])
                     # Names in this spelling hold no '%', ',' or ' '.
                     if "," not in args and "/*" not in args and args:
                         source = defined.get(args[1:] if args[0] == "%" else args)
@@ -262,6 +270,9 @@ def _parse_body(state: ParseState, scope: Scope) -> tuple[list[Instruction], str
                     if root is not None:
                         _second_root(state, scope, root, _position(state, _SIMPLE_LINE, starts[i - 1], 2))
                     root = name
+                if elements:
+                    instructions.extend(elements)
+                    elements.clear()
                 defined[name] = inst
                 append(inst)
                 continue
@@ -318,6 +329,9 @@ def _parse_body(state: ParseState, scope: Scope) -> tuple[list[Instruction], str
             if root is not None:
                 _second_root(state, scope, root, start)
             root = inst.name
+        if elements:
+            instructions.extend(elements)
+            elements.clear()
         defined[inst.name] = inst
         append(inst)
 
@@ -366,6 +380,8 @@ def _read_line(
             c.fail(problem, m.start(5))
     else:
         operands = tuple(_OPERAND_NAMES.findall(_COMMENTS.sub("", args) if "/*" in args else args))
+        if "#" in args:
+            _tuple_elements(state, scope, operands, line or state.line_of(m.start(2)), m.start(5))
         try:
             operand_shapes = [defined[o].shape for o in operands]
         except KeyError:
@@ -549,6 +565,8 @@ def _read_typed_line(
             read = state.typed_operands[args] = (tuple(names), tuple(types))
         state.last_typed_operands = (args, read)
     operands, declared_types = read  # type: ignore[misc]
+    if "#" in args:
+        _tuple_elements(state, scope, operands, line, state.line_starts[line - 1])
     try:
         operand_shapes = [defined[o].shape for o in operands]
     except KeyError:
@@ -724,6 +742,10 @@ def _parse_operands(state: ParseState, scope: Scope, user: str) -> tuple[str, ..
         declared = parse_optional_shape(c, state.shape_cache)
         pos = c.skip_space()
         operand = c.parse_name("an operand name")
+        element = c.try_match(_ELEMENT_SUFFIX)
+        if element is not None:
+            operand += element.group(0)
+            _tuple_elements(state, scope, (operand,), state.line_of(pos), pos)
         if operand not in scope.defined:
             _undefined(state, scope, user, operand, pos)
         actual = scope.defined[operand].shape
@@ -733,6 +755,18 @@ def _parse_operands(state: ParseState, scope: Scope, user: str) -> tuple[str, ..
         if c.try_literal(")"):
             return tuple(operands)
         c.expect(",", "or ')' after an operand")
+
+
+def _tuple_elements(state: ParseState, scope: Scope, operands: Iterable[str], line: int, search_from: int) -> None:
+    """Makes the get-tuple-element instructions of the `%t#k` operands not yet defined (`tuple_operands`)."""
+    defined = scope.defined
+    for operand in operands:
+        if "#" in operand and operand not in defined:
+            problem = element_problem(operand, defined)
+            if problem:
+                found = state.text.find(operand, search_from)
+                state.cursor.fail(problem, found if found >= 0 else search_from)
+    scope.elements.extend(make_elements(tuple(operands), defined, line))
 
 
 def _fail_at_attribute(state: ParseState, problem: tuple[str, str | None] | None, search_from: int) -> None:

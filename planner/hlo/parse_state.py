@@ -56,10 +56,16 @@ class PendingReference:
 
 @dataclass
 class Scope:
-    """The instructions of the computation being read, by name."""
+    """The instructions of the computation being read, by name.
+
+    `elements` holds the get-tuple-element instructions made for `%t#k` operands
+    (`planner.hlo.tuple_operands`) that the instruction being read brings in: they are
+    placed before it.
+    """
 
     name: str
     defined: dict[str, Instruction] = field(default_factory=dict)
+    elements: list[Instruction] = field(default_factory=list)
 
 
 class ParseState:

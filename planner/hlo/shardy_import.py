@@ -14,6 +14,11 @@ Shardy writes maps onto GSPMD's vocabulary as follows:
   group, numbered after the groups the module already has.
 The module's mesh (`xla.sdy.meshes`) gives the planner the mesh axes' names
 and sizes.
+
+Newer XLA writes Shardy shardings natively in `sharding=` (`{mesh['fsdp'=4,'tp'=2], [...]}`,
+`planner.sharding.named_text`), the mesh inline: the parser reads them as the HloSharding they
+place data by, the meshes they name are the module's, and open dims of a `Sharding`
+custom-call become `unspecified_dims` as above.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import dataclasses
 from planner.errors import UnsupportedHlo
 from planner.hlo.frontend_attributes import MESHES, FrontendAttributes
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
+from planner.hlo.mesh_inference import infer_mesh, named_meshes
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.mesh import Mesh
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
+from planner.sharding.named_text import NamedSharding, is_named_sharding, parse_named_sharding
 from planner.sharding.shardy import SdyMesh, TensorSharding, to_hlo_sharding
 
 GSPMD = "gspmd"
@@ -35,14 +42,42 @@ SHARDING_GROUP = "xla.sdy.ShardingGroup"
 
 
 def module_meshes(module: HloModule) -> dict[str, SdyMesh]:
+    """The meshes the module declares (`xla.sdy.meshes`), else those its native shardings name inline
+    (named `mesh`, `mesh_1`, ... in order of appearance)."""
     attrs = module.attr("frontend_attributes")
     if isinstance(attrs, FrontendAttributes) and attrs.sdy_meshes:
         return attrs.sdy_meshes
-    return {}
+    inline: dict[SdyMesh, str] = {}
+    for comp in module.computations:
+        for inst in comp.instructions:
+            for named in named_shardings(inst) or ():
+                inline.setdefault(named.mesh, "mesh" if not inline else f"mesh_{len(inline)}")
+    if inline:
+        return {name: mesh for mesh, name in inline.items()}
+    return _undeclared_mesh(module)
+
+
+def _undeclared_mesh(module: HloModule) -> dict[str, SdyMesh]:
+    """The one mesh Shardy shardings name without the module declaring it (jax 0.12's HLO text), when the
+    GSPMD shardings beside them pin it down (`planner.hlo.mesh_inference`)."""
+    names = named_meshes(module)
+    num_partitions = module.attr("num_partitions")
+    if len(names) != 1 or not isinstance(num_partitions, int):
+        return {}
+    mesh = infer_mesh(module, num_partitions)
+    return {} if mesh is None else {next(iter(names)): mesh}
+
+
+def named_shardings(inst: Instruction) -> tuple[NamedSharding, ...] | None:
+    """The Shardy shardings `inst`'s `sharding=` writes natively, one per result; None when it writes none."""
+    for a in inst.attributes:
+        if a.key == "sharding":
+            return parse_named_sharding(a.text) if is_named_sharding(a.text) else None
+    return None
 
 
 def partitioner_of(module: HloModule) -> str:
-    """`shardy` when the module carries Shardy's attributes, else `gspmd`."""
+    """`shardy` when the module carries Shardy's attributes or shardings, else `gspmd`."""
     if module_meshes(module):
         return SHARDY
     for comp in module.computations:
@@ -98,9 +133,12 @@ def _convert(
     comp: Computation, inst: Instruction, meshes: dict[str, SdyMesh], groups: dict[int, int], next_group: list[int]
 ) -> Instruction:
     attrs = inst.attr("frontend_attributes")
-    if not isinstance(attrs, FrontendAttributes):
-        return inst
     target = inst.attr("custom_call_target") if inst.opcode == "custom-call" else None
+    if not isinstance(attrs, FrontendAttributes):
+        native = named_shardings(inst)
+        if target == "Sharding" and native is not None and not inst.has_attr("backend_config"):
+            return _with_open_dims(inst, native[0].sharding.open_dims if len(native) == 1 else ())
+        return inst
     if target == SHARDING_GROUP and attrs.sdy_group is not None:
         gid = groups.setdefault(attrs.sdy_group, next_group[0])
         next_group[0] = max(next_group[0], gid + 1)
@@ -121,12 +159,18 @@ def _convert(
         attributes = [_word("custom_call_target", "Sharding") if a.key == "custom_call_target" else a
                       for a in attributes if a.key != "custom_call_has_side_effect"]  # fmt: skip
         target = "Sharding"
+    inst = dataclasses.replace(inst, attributes=tuple(attributes))
     if target == "Sharding" and not inst.has_attr("backend_config"):
-        open_dims = attrs.sdy_sharding[0].open_dims if len(attrs.sdy_sharding) == 1 else ()
-        if open_dims:
-            text = f'"unspecified_dims=[{",".join(map(str, open_dims))}]"'
-            attributes.append(Attribute("backend_config", text[1:-1], text))
-    return dataclasses.replace(inst, attributes=tuple(attributes))
+        inst = _with_open_dims(inst, attrs.sdy_sharding[0].open_dims if len(attrs.sdy_sharding) == 1 else ())
+    return inst
+
+
+def _with_open_dims(inst: Instruction, open_dims: tuple[int, ...]) -> Instruction:
+    """A `Sharding` custom-call whose open dims are GSPMD's `unspecified_dims` (JAX's P.UNCONSTRAINED)."""
+    if not open_dims:
+        return inst
+    text = f'"unspecified_dims=[{",".join(map(str, open_dims))}]"'
+    return dataclasses.replace(inst, attributes=(*inst.attributes, Attribute("backend_config", text[1:-1], text)))
 
 
 def _hlo_sharding(inst: Instruction, values: tuple[TensorSharding, ...], meshes: dict[str, SdyMesh]) -> HloSharding:

@@ -30,7 +30,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import HloParseError
+from planner.errors import HloParseError, PlannerError, PlanningError
+from planner.hlo import jaxlib_api
+from planner.hlo.frontend_attributes import MESHES
 from planner.hlo.compile_defaults import NUM_PARTITIONS, OUTPUT_FLAGS, PARAMETER_FLAGS, flags_text
 
 SHARDING_ATTRIBUTES = ("mhlo.sharding", "sdy.sharding")
@@ -73,7 +75,7 @@ class EntrySignature:
 
 def read_stablehlo(text: str, source: str = "") -> str:
     """HLO text for the StableHLO module `text`, its header carrying the options JAX compiles it with."""
-    ir, jax_mlir, converter = _jaxlib(text, source)
+    ir, jax_mlir = _jaxlib(text, source)
     with jax_mlir.make_ir_context():
         try:
             module = ir.Module.parse(text)
@@ -86,25 +88,41 @@ def read_stablehlo(text: str, source: str = "") -> str:
         try:
             # The module as parsed, as bytecode (what JAX's `Lowered.hlo()` converts): not parsed twice.
             bytecode = jax_mlir.module_to_bytecode(module)
-            computation = converter.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False)
+            computation = jaxlib_api.mlir_bindings().mlir_module_to_xla_computation(bytecode, use_tuple_args=False)
+        except PlannerError:
+            raise
         except Exception as e:  # jaxlib raises XlaRuntimeError, which only it can name
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             line, column = _position(first)
             raise _error(text, line, column, f"StableHLO text could not be converted to HLO: {first}", source) from None
-    options = converter.HloPrintOptions.short_parsable()
     # Source lines where the text kept its locations (as_text(debug_info=True)); without them MLIR would
     # make up `-:LINE` ones from the text's own lines, which name nothing the user wrote.
-    options.print_metadata = "loc(" in text
-    hlo = computation.as_hlo_module().to_string(options)
+    hlo = jaxlib_api.short_parsable_text(computation, with_metadata="loc(" in text)
     header, newline, rest = hlo.partition("\n")
-    return header + signature.header_options() + newline + rest
+    return header + signature.header_options() + _mesh_options(module, header) + newline + rest
 
 
-def _jaxlib(text: str, source: str) -> tuple[Any, Any, Any]:
-    """jaxlib's MLIR bindings, JAX's dialect registry, and jaxlib's module holding the StableHLO -> HLO converter."""
+def _mesh_options(module: Any, header: str) -> str:
+    """The module's `sdy.mesh` declarations as the `xla.sdy.meshes` header attribute, where the converted
+    header lacks them (jaxlib 0.12's export keeps the Shardy shardings that name `@mesh`, not the mesh)."""
+    if MESHES in header:
+        return ""
+    meshes = []
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh" and "sym_name" in op.attributes and "mesh" in op.attributes:
+            meshes.append(f"{op.attributes['sym_name'].value} = {op.attributes['mesh']}")
+    if not meshes:
+        return ""
+    if "frontend_attributes=" in header:
+        raise PlanningError("the converted module's header has frontend attributes and no Shardy meshes; "
+                            "hand over XLA's dump or lowered.as_text(dialect='hlo') with --mesh")  # fmt: skip
+    return f", frontend_attributes={{{MESHES}={{{', '.join(meshes)}}}}}"
+
+
+def _jaxlib(text: str, source: str) -> tuple[Any, Any]:
+    """jaxlib's MLIR bindings and JAX's dialect registry."""
     try:
         from jax._src.interpreters import mlir as jax_mlir
-        from jax._src.lib import _jax
         from jaxlib.mlir import ir
     except ImportError:
         raise _error(
@@ -112,10 +130,10 @@ def _jaxlib(text: str, source: str) -> tuple[Any, Any, Any]:
             1,
             1,
             "this is StableHLO text (what lowered.as_text() prints); reading it needs jaxlib (pip install "
-            "'spmd-planner[verify]'). Without it, hand over lowered.as_text(dialect='hlo') or XLA's dump",
+            "'spmd-planner[jax]'). Without it, hand over lowered.as_text(dialect='hlo') or XLA's dump",
             source,
         ) from None
-    return ir, jax_mlir, _jax
+    return ir, jax_mlir
 
 
 def main_function(module: Any) -> Any:
@@ -136,7 +154,7 @@ def _entry_signature(ir: Any, module: Any, text: str, source: str) -> EntrySigna
         num_partitions = int(module.operation.attributes["mhlo.num_partitions"].value)
 
     def ranks(types: Any) -> tuple[int, ...]:
-        return tuple(ir.RankedTensorType(t).rank if ir.RankedTensorType.isinstance(t) else 0 for t in types)
+        return tuple(ir.RankedTensorType(t).rank if jaxlib_api.is_ranked_tensor(ir, t) else 0 for t in types)
 
     return EntrySignature(
         results_sharded=tuple(_sharded(d) for d in result_attrs),

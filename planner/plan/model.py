@@ -165,6 +165,9 @@ class TpuVerification(BaseModel):
 class Verification(BaseModel):
     xla: str = Field(description="the XLA that compiled both modules")
     frontend: str = Field(default="jax", description="torch_xla (compiled by torch_xla's own XLA) or jax (by jaxlib)")
+    partitioner: str = Field(
+        default="gspmd", description="the partitioner XLA compiled with: the one the module names (gspmd or shardy)"
+    )
     num_devices: int
     given_total_bytes: int | None = Field(default=None, description="the module as given, calls and all")
     before_total_bytes: int = Field(

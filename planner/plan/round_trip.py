@@ -173,10 +173,9 @@ def _header_text(module: HloModule, key: str) -> str | None:
 
 def exported_hlo(mlir: bytes) -> str:
     """The HLO text jaxlib's compile path makes of `mlir`, canonicalizer included, before any XLA pass."""
-    from jax._src.lib import xla_client
+    from planner.hlo import jaxlib_api
 
-    computation = xla_client._xla.mlir.mlir_module_to_xla_computation(mlir, use_tuple_args=False, return_tuple=False)
-    return str(computation.as_hlo_text())
+    return str(jaxlib_api.stablehlo_to_computation(mlir).as_hlo_text())
 
 
 def check_round_trip(original: HloModule, mlir: bytes) -> None:

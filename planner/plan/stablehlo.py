@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import UnfaithfulConversion
-from planner.hlo.compat import for_jaxlib_0_7
+from planner.hlo import jaxlib_api
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.hlo.seal import seal
@@ -176,15 +176,13 @@ def faithful_stablehlo(module: HloModule, check: bool = True) -> FaithfulStableH
     `check=False` skips the round-trip check (about a third of the time): for experiments only.
     """
     from jax._src.interpreters import mlir as jax_mlir
-    from jax._src.lib import xla_client
     from jaxlib.mlir import ir
 
     canonical = canonicalized_alone(module)  # refuses sharded identities and iotas before any work
     sealed = seal(module)
-    text = for_jaxlib_0_7(print_module(sealed.module))
-    proto = xla_client._xla.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    imported = jaxlib_api.hlo_to_stablehlo(print_module(sealed.module))
     with jax_mlir.make_ir_context(), ir.Location.unknown():
-        mlir_module = ir.Module.parse(xla_client._xla.mlir.hlo_to_stablehlo(proto))
+        mlir_module = ir.Module.parse(imported)
         num_kept = KeepUnitDimBroadcasts().apply(mlir_module)
         KeepBufferDonors(buffer_donors(module)).apply(mlir_module)
         out = io.BytesIO()
@@ -198,7 +196,4 @@ def faithful_stablehlo(module: HloModule, check: bool = True) -> FaithfulStableH
 
 def plain_stablehlo(text: str) -> bytes:
     """`hlo_to_stablehlo` alone: what the compile path then canonicalizes (see the module's docstring)."""
-    from jax._src.lib import xla_client
-
-    proto = xla_client._xla.hlo_module_from_text(text).as_serialized_hlo_module_proto()
-    return bytes(xla_client._xla.mlir.hlo_to_stablehlo(proto))
+    return jaxlib_api.hlo_to_stablehlo(text)

@@ -129,16 +129,14 @@ def _inputs(specs: list[dict[str, Any]]) -> list[Any]:
 def compile_step(text: str, specs: list[dict[str, Any]], num_devices: int, dump_dir: str) -> dict[str, Any]:
     import torch_xla
     import torch_xla.runtime as xr
-    from jax._src.lib import xla_client
-
-    from planner.hlo.compat import for_jaxlib_0_7
+    from planner.hlo import jaxlib_api
     from planner.hlo.proto_ids import separate_computation_ids
 
     xr.use_spmd()
     inputs = _inputs(specs)
     torch_xla.sync()
     # jaxlib's parser builds the proto torch_xla's lowering would have; both XLAs read the same proto.
-    proto = xla_client._xla.hlo_module_from_text(for_jaxlib_0_7(text)).as_serialized_hlo_module_proto()
+    proto = jaxlib_api.hlo_proto(text)
     computation = torch_xla._XLAC._xla_op_computation_from_module_proto("verify", separate_computation_ids(proto))
     start = time.perf_counter()
     outputs = torch_xla._XLAC._xla_user_computation("xla::verify", inputs, computation)

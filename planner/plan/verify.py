@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.errors import PlanningError, UnfaithfulConversion
-from planner.hlo.compat import for_jaxlib_0_7
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
+from planner.hlo.shardy_import import partitioner_of
 from planner.hlo.printer import print_module
 from planner.hlo.shapes import TupleShape, parse_shape
 from planner.plan.model import TpuVerification, Verification
@@ -80,7 +80,8 @@ def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         if "No module named 'jax" in done.stderr or "No module named 'torch" in done.stderr:
-            tail = f"{needs} is not installed: install the `xla` extra (pip install 'spmd-planner[xla]')"
+            extra = "jax" if needs == "jaxlib" else "xla"
+            tail = f"{needs} is not installed: install the `{extra}` extra (pip install 'spmd-planner[{extra}]')"
         elif request.get("tpu_topology") and "libtpu" in done.stderr.lower() and "not found" in done.stderr.lower():
             tail = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
         raise PlanningError(f"XLA could not compile the module: {tail}")
@@ -94,15 +95,18 @@ def compile_with_xla(
     timeout: float = TIME_LIMIT_SECONDS,
     tpu_topology: str | None = None,
     conversion: str | None = None,
+    partitioner: str = "gspmd",
 ) -> dict:
-    """jaxlib's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`.
+    """jaxlib's report for one module (see `xla_compile`): XLA:CPU, or XLA:TPU for `tpu_topology`, with
+    `partitioner` (the one the module names: `planner.hlo.shardy_import.partitioner_of`).
 
     `conversion` ("faithful" or "plain") overrides how the text becomes StableHLO (default: a torch_xla
     module faithfully, a JAX module as JAX's compile takes it). Raises `UnfaithfulConversion` for a
     module the faithful conversion cannot keep.
     """
-    request = {"hlo": for_jaxlib_0_7(text), "num_devices": num_devices, "allow_output": allow_output,
-               "tpu_topology": tpu_topology, "conversion": conversion}  # fmt: skip
+    # The child writes the text as its own jaxlib reads it (`planner.hlo.jaxlib_api.text_for_jaxlib`).
+    request = {"hlo": text, "num_devices": num_devices, "allow_output": allow_output,
+               "tpu_topology": tpu_topology, "conversion": conversion, "partitioner": partitioner}  # fmt: skip
     report = _run("planner.plan.xla_compile", request, timeout, "jaxlib")
     if "unfaithful" in report:
         raise UnfaithfulConversion(report["unfaithful"])
@@ -165,6 +169,8 @@ def verify(
     Raises `Unverifiable` when no faithful compile is possible here (the message says why).
     """
     allow_output = output_propagation(original)
+    # A JAX module compiles with the partitioner it names, as its user's compile does; torch_xla's XLA runs GSPMD.
+    partitioner = partitioner_of(original)
     start = time.perf_counter()
     texts = Texts(print_module(original), print_module(inlined), print_module(patched))
     torch_xla = is_torch_xla_module(original)
@@ -177,15 +183,20 @@ def verify(
         )
     else:
         given, before, after = compile_forms(
-            texts, lambda t, c: compile_with_xla(t, num_devices, allow_output, conversion=c), derived_conversion
+            texts,
+            lambda t, c: compile_with_xla(t, num_devices, allow_output, conversion=c, partitioner=partitioner),
+            derived_conversion,
         )
     mismatches, check = gradient_mismatches(after["while_shapes"], patched, gradients)
     tpu, tpu_skipped = None, None
     if tpu_topology is not None:
-        tpu, tpu_skipped = verify_on_tpu(texts, num_devices, allow_output, tpu_topology, predicted, derived_conversion)
+        tpu, tpu_skipped = verify_on_tpu(
+            texts, num_devices, allow_output, tpu_topology, predicted, derived_conversion, partitioner
+        )
     return Verification(
         xla=after["xla"],
         frontend="torch_xla" if torch_xla else "jax",
+        partitioner="gspmd" if torch_xla else partitioner,
         num_devices=num_devices,
         given_total_bytes=given["total_bytes"],
         before_total_bytes=before["total_bytes"],
@@ -242,6 +253,7 @@ def verify_on_tpu(
     topology: str,
     predicted: Predicted,
     derived_conversion: str | None,
+    partitioner: str = "gspmd",
 ) -> tuple[TpuVerification | None, str | None]:
     """XLA:TPU on the given, inlined and patched modules' text, or why not: no libtpu, or a module jaxlib
     cannot be given as it is (the conversion's reason; a torch_xla module goes through `planner.plan.stablehlo`)."""
@@ -250,7 +262,9 @@ def verify_on_tpu(
     try:
         given, before, after = compile_forms(
             texts,
-            lambda t, c: compile_with_xla(t, num_devices, allow_output, tpu_topology=topology, conversion=c),
+            lambda t, c: compile_with_xla(
+                t, num_devices, allow_output, tpu_topology=topology, conversion=c, partitioner=partitioner
+            ),
             derived_conversion,
             "XLA:TPU",
         )

@@ -2,8 +2,8 @@
 
 Run as a subprocess (`python -m planner.plan.xla_compile`), one module per
 process: XLA reads its flags (device count, dump folder) once per process.
-Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL or [BOOL, ...], "tpu_topology": T}`
-as JSON on stdin and prints one JSON line: XLA's version, compiled memory
+Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL or [BOOL, ...], "tpu_topology": T,
+"partitioner": "gspmd" or "shardy"}` as JSON on stdin and prints one JSON line: XLA's version, compiled memory
 statistics (bytes per device), XLA:CPU's buffer allocations and each While's
 carried tuple per device right after SPMD partitioning; or `{"unfaithful":
 REASON}` for a module jaxlib cannot be given as it is (`UnfaithfulConversion`).
@@ -43,6 +43,7 @@ import numpy as np
 
 from planner.errors import UnfaithfulConversion
 
+PARTITIONERS = ("gspmd", "shardy")
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)", re.MULTILINE)
 
@@ -95,6 +96,7 @@ def compile_spmd(
     allow_output: bool | tuple[bool, ...] = False,
     tpu_topology: str | None = None,
     conversion: str | None = None,
+    partitioner: str = "gspmd",
 ) -> tuple[Any, float]:
     """(executable, seconds): text -> HloModule -> StableHLO (`stablehlo_for`) -> SPMD program for `num_devices`.
 
@@ -102,7 +104,7 @@ def compile_spmd(
     count when jax first starts: set `--xla_force_host_platform_device_count` in XLA_FLAGS first.
     The seconds are the compile's, from StableHLO on (the faithful conversion takes about one more).
     """
-    executable, seconds, _ = _compile(text, num_devices, allow_output, tpu_topology, conversion)
+    executable, seconds, _ = _compile(text, num_devices, allow_output, tpu_topology, conversion, partitioner)
     return executable, seconds
 
 
@@ -112,12 +114,17 @@ def _compile(
     allow_output: bool | tuple[bool, ...],
     tpu_topology: str | None,
     conversion: str | None,
+    partitioner: str = "gspmd",
 ) -> tuple[Any, float, StableHlo]:
     import jax
     from jax._src import compiler, xla_bridge
     from jax._src.lib import xla_client
 
-    jax.config.update("jax_use_shardy_partitioner", False)
+    if partitioner not in PARTITIONERS:
+        raise ValueError(f"partitioner must be one of {', '.join(PARTITIONERS)}, not {partitioner!r}")
+    # The partitioner the module names is the one its user's compile runs (JAX's default is Shardy).
+    shardy = partitioner == "shardy"
+    jax.config.update("jax_use_shardy_partitioner", shardy)
     stablehlo = stablehlo_for(text, conversion)
     start = time.perf_counter()
     if tpu_topology is not None:
@@ -137,13 +144,12 @@ def _compile(
     # The options JAX compiles with, device assignment included: without one XLA:TPU places the
     # partitions on the slice its own way, and schedules (and sizes temporaries) differently.
     options = compiler.get_compile_options(
-        num_replicas=1,
-        num_partitions=num_devices,
-        device_assignment=np.array(chosen).reshape(1, num_devices),
-        use_spmd_partitioning=True,
+        num_replicas=1, num_partitions=num_devices, device_assignment=np.array(chosen).reshape(1, num_devices)
     )
     build = options.executable_build_options
-    build.use_shardy_partitioner = False
+    # jax 0.7.1 took this as an argument (default on); newer jax sets it on the build options itself.
+    build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = shardy
     # One flag for every output, or one per output as JAX passes them (params and optimizer state pinned,
     # gradients free): XLA reads a list of one as applying to all.
     flags = [allow_output] if isinstance(allow_output, bool) else list(allow_output)
@@ -209,9 +215,11 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jaxlib
 
+    partitioner = request.get("partitioner") or "gspmd"
     executable, seconds, stablehlo = _compile(
-        request["hlo"], n, _flags(request.get("allow_output")), topology, request.get("conversion")
+        request["hlo"], n, _flags(request.get("allow_output")), topology, request.get("conversion"), partitioner
     )
+    named = "Shardy" if partitioner == "shardy" else "GSPMD"
     stats = executable.get_compiled_memory_stats()
     whiles = []
     # XLA:CPU's pass is spmd-partitioning, XLA:TPU's tpu-spmd-partitioning. Not `*after_*spmd-partitioning*`:
@@ -233,9 +241,10 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
             allocated = allocated_bytes(f.read())
     return {
         "xla": f"jaxlib {jaxlib.__version__} " + (
-            f"(XLA:TPU, libtpu {_libtpu_version()}, GSPMD ahead of time for {topology})"
-            if topology else f"(XLA GSPMD on {n} virtual CPU devices)"
+            f"(XLA:TPU, libtpu {_libtpu_version()}, {named} ahead of time for {topology})"
+            if topology else f"(XLA {named} on {n} virtual CPU devices)"
         ),
+        "partitioner": partitioner,
         "stablehlo": stablehlo.conversion,
         "conversion": dict(stablehlo.summary),
         "total_bytes": memory_total(executable),

@@ -17,6 +17,7 @@ from planner.errors import HloParseError
 from planner.mesh import MAX_DEVICES
 from planner.scanner import Cursor, skip_balanced
 from planner.sharding.hlo_sharding import SUBGROUP_ORDER, HloSharding, ShardGroup
+from planner.sharding.named_text import is_named_sharding, named_to_hlo, read_named_body
 from planner.sharding.tile_assignment import TileAssignment
 
 _WORD = re.compile(r"[a-z_]+")
@@ -112,6 +113,8 @@ def parse_tile_assignment_at(cursor: Cursor) -> TileAssignment:
 
 def _parse_single(cursor: Cursor) -> HloSharding:
     open_pos = cursor.skip_space()
+    if is_named_sharding(cursor.text, open_pos):
+        return _parse_named(cursor, open_pos)
     cursor.expect("{", "to open a sharding")
     flags: set[str] = set()
     device: int | None = None
@@ -145,6 +148,16 @@ def _parse_single(cursor: Cursor) -> HloSharding:
         else:
             cursor.fail(f"unknown word '{word}' in sharding", word_pos)
     return _build(cursor, open_pos, flags, device, tiles, tiles_pos, subgroup_types, metadata).with_shard_group(group)
+
+
+def _parse_named(cursor: Cursor, open_pos: int) -> HloSharding:
+    """A Shardy sharding written natively (`planner.sharding.named_text`), as the HloSharding it places data by."""
+    cursor.expect("{", "to open a sharding")
+    named = read_named_body(cursor)
+    try:
+        return named_to_hlo(named)
+    except ValueError as e:
+        cursor.fail(f"the named sharding has no HloSharding: {e}", open_pos)
 
 
 def _build(cursor: Cursor, open_pos: int, flags: set[str], device: int | None, tiles: TileAssignment | None,
