@@ -1,7 +1,8 @@
 # Two entry points, both self-contained on a fresh machine with python3:
 #   make run   installs the planner (light dependencies) and plans the bundled dump (verdict first)
 #   make test  installs everything the tests need (dev + the real XLA stack, Debian's chromium for the
-#              browser test), lints, type-checks and runs them
+#              browser test), lints, type-checks and runs them; then runs the JAX tests again on today's
+#              JAX (jax 0.12 and its libtpu, Python 3.12) in a second environment
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,15 @@ BIN := $(VENV)/bin
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint chromium postgresql native
+# Today's JAX (jax >= 0.11 needs Python 3.12): a second environment with the JAX extras only, so that
+# the JAX side is tested on the release users run as well as on the one torch_xla 2.9 pins.
+PYTHON_JAX ?= $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
+JAX_TODAY ?= 0.12.0.1
+VENV_JAX ?= .venv-jax
+BIN_JAX := $(VENV_JAX)/bin
+JAX_TODAY_TESTS := tests/test_jax_today.py tests/test_stablehlo_text.py tests/test_parser_today.py
+
+.PHONY: run test test-jax-today lint chromium postgresql native
 
 # The compiled core (planner/native.py, built by setup.py) follows its sources: an edit not yet
 # rebuilt runs as pure Python, and `make native` (which run and test call) rebuilds it.
@@ -23,6 +32,21 @@ run: $(VENV)/.installed-core $(VENV)/.native
 
 test: lint chromium postgresql $(VENV)/.native
 	$(BIN)/python -m pytest
+	$(MAKE) test-jax-today
+
+# The JAX extras installed over jax $(JAX_TODAY) must leave it there (tests/test_jax_today.py checks).
+test-jax-today:
+	@if [ -z "$(PYTHON_JAX)" ]; then \
+		echo "make test: no Python 3.12 on this machine: the tests on jax $(JAX_TODAY) did not run" >&2; exit 1; fi
+	$(MAKE) $(VENV_JAX)/.installed
+	JAX_TODAY=$(JAX_TODAY) $(BIN_JAX)/python -m pytest $(JAX_TODAY_TESTS)
+
+$(VENV_JAX)/.installed: pyproject.toml setup.py
+	$(PYTHON_JAX) -m venv $(VENV_JAX)
+	$(BIN_JAX)/python -m pip install --quiet --upgrade pip
+	$(BIN_JAX)/python -m pip install --quiet 'jax[tpu]==$(JAX_TODAY)'
+	$(BIN_JAX)/python -m pip install --quiet -e '.[dev,jax,tpu,team]'
+	touch $@
 
 lint: $(VENV)/.installed-full
 	$(BIN)/ruff check planner api scan_runtime fidelity tests bench examples

@@ -61,6 +61,13 @@ def reference_path(case: Case) -> Path:
     return cache_dir() / content_key(case) / f"{case.name}.hlo"
 
 
+def xla_dump_path(case: Case) -> Path:
+    """Where a JAX case's XLA:CPU dump of the module it compiled lives once generated (`run_jax`)."""
+    from fidelity.run_jax import XLA_DUMP_SUFFIX
+
+    return reference_path(case).with_name(f"{case.name}{XLA_DUMP_SUFFIX}")
+
+
 def ensure_references(cases: list[Case], jobs: int = 1) -> list[str]:
     """Generate every case not yet cached; returns the names that failed."""
     missing = [c for c in cases if not reference_path(c).with_suffix(".xla.json").exists()]

@@ -48,6 +48,9 @@ MEMORY_FIELDS = (
     "generated_code_size_in_bytes",
 )
 TPU_PRE_PROPAGATION_SUFFIX = ".tpu_pre_propagation.hlo"
+# XLA:CPU's own dump of the module it was given (`before_optimizations`): the form a user saves with
+# --xla_dump_to. Newer XLA prints it unlike JAX's lowered text (Shardy shardings native, `%t#k` operands).
+XLA_DUMP_SUFFIX = ".xla_dump.hlo"
 
 
 def _spec_text(spec: Any) -> str:
@@ -386,6 +389,7 @@ def run(case: Case, out_dir: Path, dump_dir: Path, options: RunOptions) -> None:
         "notes": _notes(case, args),
     }
     write_fixture(out_dir, case.name, hlo_text, record)
+    (out_dir / f"{case.name}{XLA_DUMP_SUFFIX}").write_text(before)
 
 
 def set_environment(case: Case, dump_dir: Path, options: RunOptions) -> None:

@@ -83,7 +83,7 @@ class ConvDimLabels:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaGroups:
-    """Device groups of a collective, from `{{0,1},{2,3}}` or `[2,4]<=[8]`."""
+    """Device groups of a collective, from `{{0,1},{2,3}}`, `[2,4]<=[8]` or `mesh['x'=2,'y'=4] {'y'}`."""
 
     groups: tuple[tuple[int, ...], ...]
 
@@ -238,6 +238,11 @@ def read_dim_labels(cursor: Cursor) -> ConvDimLabels:
 
 
 def read_replica_groups(cursor: Cursor) -> ReplicaGroups:
+    if cursor.text.startswith("mesh", cursor.skip_space()):
+        # Over mesh axes, as newer XLA writes a shard_map's collectives: mesh['fsdp'=2,'tp'=4] {'tp'}.
+        from planner.sharding.named_text import read_mesh_replica_groups
+
+        return ReplicaGroups(read_mesh_replica_groups(cursor))
     if cursor.peek() == "[":
         # Iota form: [num_groups,group_size]<=[reshape]T(perm).
         from planner.sharding.text import parse_tile_assignment_at

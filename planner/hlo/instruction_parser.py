@@ -63,8 +63,8 @@ from planner.hlo.tuple_operands import element_problem, make_elements
 from planner.scanner import next_token, skip_balanced
 
 _NAME = r"%?[A-Za-z_0-9][\w.\-]*+"
-# An operand names an instruction, or element k of a tuple-valued one: `%t#k` (`tuple_operands`).
-_ELEMENT = r"(?:\#\d++)?"
+# An operand names an instruction, or element k of a tuple-valued one: `%t#k`, `%t#i#j` (`tuple_operands`).
+_ELEMENT = r"(?:\#\d++)*+"
 _OPERAND = rf"(?:/\*index=\d++\*/)?{_NAME}{_ELEMENT}"
 # One instruction on one line, from its name to the end of the line: groups are ROOT, name,
 # shape, opcode, operands and the `, key=value` attributes. Each piece can be read only one
@@ -113,9 +113,9 @@ _FLAT_ATTRIBUTE = re.compile(rf",[ \t]*([A-Za-z_][\w\-]*)=({FLAT_VALUE})")
 _FLAT_ATTRIBUTES = re.compile(rf"(?:, [A-Za-z_][A-Za-z0-9_\-]*+={FLAT_VALUE})*+")
 _COMMENTS = re.compile(r"/\*.*?\*/")
 _INDEX_COMMENT = re.compile(r"/\*index=\d++\*/")
-_OPERAND_NAMES = re.compile(r"%?([A-Za-z_0-9][\w.\-]*(?:#\d+)?)")
+_OPERAND_NAMES = re.compile(r"%?([A-Za-z_0-9][\w.\-]*(?:#\d+)*)")
 _ROOT = re.compile(r"ROOT\b")
-_ELEMENT_SUFFIX = re.compile(r"#\d+")
+_ELEMENT_SUFFIX = re.compile(r"(?:#\d+)+")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*(?=\()")
 
 # What the checks need to know of an opcode: operand count bounds (a count outside them is
@@ -760,13 +760,16 @@ def _parse_operands(state: ParseState, scope: Scope, user: str) -> tuple[str, ..
 def _tuple_elements(state: ParseState, scope: Scope, operands: Iterable[str], line: int, search_from: int) -> None:
     """Makes the get-tuple-element instructions of the `%t#k` operands not yet defined (`tuple_operands`)."""
     defined = scope.defined
+    operands = tuple(operands)
+    scope.elements.extend(make_elements(operands, defined, line))
     for operand in operands:
         if "#" in operand and operand not in defined:
             problem = element_problem(operand, defined)
             if problem:
-                found = state.text.find(operand, search_from)
+                found = state.text.find(f"%{operand}", search_from)
+                if found < 0:
+                    found = state.text.find(operand, search_from)
                 state.cursor.fail(problem, found if found >= 0 else search_from)
-    scope.elements.extend(make_elements(tuple(operands), defined, line))
 
 
 def _fail_at_attribute(state: ParseState, problem: tuple[str, str | None] | None, search_from: int) -> None:

@@ -37,7 +37,7 @@ def jax_version_text() -> str:
 def hlo_bindings() -> Any:
     """The module holding `HloPrintOptions`, `hlo_module_from_text` and `XlaComputation`."""
     try:
-        from jaxlib import _hlo  # jaxlib >= 0.8
+        from jaxlib import _hlo  # type: ignore[attr-defined]  # jaxlib >= 0.8
 
         return _hlo
     except ImportError:

@@ -61,7 +61,7 @@ _OWN = {
     "exponent_bits! mantissa_bits!": "reduce-precision",
     "fft_length! fft_type!": "fft",
     "is_composite to_apply!": "call",
-    "k! largest": "topk",
+    "is_stable k! largest": "topk",
     "outfeed_config outfeed_shape": "outfeed",
     "to_apply! window": "reduce-window",
     "calls! kind! output_to_operand_aliasing": "fusion",

@@ -50,18 +50,18 @@ def print_instruction(inst: Instruction, is_root: bool = False, names: dict[str,
 
 
 def _printed_names(comp: Computation) -> dict[str, str]:
-    """`t#k` -> `t.elementK` (with a numeric suffix where the computation has that name already)."""
+    """`t#k` -> `t.elementK`, `t#i#j` -> `t.elementI.elementJ` (a numeric suffix where the computation has
+    that name already)."""
     taken = {inst.name for inst in comp.instructions}
     names: dict[str, str] = {}
     for inst in comp.instructions:
         if SEPARATOR not in inst.name:
             continue
-        base, _, index = inst.name.rpartition(SEPARATOR)
-        candidate = f"{base}.element{index}"
-        suffix = 0
+        base = inst.name.replace(SEPARATOR, ".element")
+        candidate, suffix = base, 0
         while candidate in taken:
             suffix += 1
-            candidate = f"{base}.element{index}.{suffix}"
+            candidate = f"{base}.{suffix}"
         taken.add(candidate)
         names[inst.name] = candidate
     return names

@@ -32,8 +32,8 @@ from typing import Any
 
 from planner.errors import HloParseError, PlannerError, PlanningError
 from planner.hlo import jaxlib_api
-from planner.hlo.frontend_attributes import MESHES
 from planner.hlo.compile_defaults import NUM_PARTITIONS, OUTPUT_FLAGS, PARAMETER_FLAGS, flags_text
+from planner.hlo.frontend_attributes import MESHES
 
 SHARDING_ATTRIBUTES = ("mhlo.sharding", "sdy.sharding")
 # MLIR text starts with an optional attribute alias block (`#loc = ...`), then `module` or a bare func.

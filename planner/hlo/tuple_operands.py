@@ -12,9 +12,11 @@ is the module older XLA printed as
     %get-tuple-element.1 = s32[] get-tuple-element(%arg_tuple.1), index=0
     %add.15 = s32[] add(%get-tuple-element.1, %constant.39)
 
-XLA's parser makes the get-tuple-element back, and so does ours: one instruction per element,
-named `t#k` (a name XLA's own never take, so it cannot clash), placed before its first user. It
-carries nothing of its own (no sharding, no metadata), exactly what the printer elides. Printed
+A nested tuple's element reads `%t#i#j`. XLA's parser makes the get-tuple-element back, and so does
+ours: one instruction per element, named `t#k` (a name XLA's own never take, so it cannot clash),
+placed before its first user. It
+carries nothing of its own (no sharding, no metadata): XLA's dump elides every get-tuple-element but a
+root, its sharding included, so nothing else can be read back. Printed
 back (`planner.hlo.printer`), it is written out as a line under a name XLA's parser accepts.
 """
 
@@ -46,9 +48,13 @@ def element_problem(name: str, defined: dict[str, Instruction]) -> str | None:
     base, index = split
     source = defined.get(base)
     if source is None:
+        if SEPARATOR in base:
+            return element_problem(base, defined)
         return None  # reported as an undefined operand, with the usual message
     if not isinstance(source.shape, TupleShape):
-        return f"operand '{name}' reads element {index} of '{base}', which is {source.shape.to_text(False)}, not a tuple"
+        return (
+            f"operand '{name}' reads element {index} of '{base}', which is {source.shape.to_text(False)}, not a tuple"
+        )
     if index >= len(source.shape.elements):
         return f"operand '{name}': '{base}' has {len(source.shape.elements)} tuple elements, no element {index}"
     return None
@@ -64,9 +70,13 @@ def make_elements(operands: tuple[str, ...], defined: dict[str, Instruction], li
         if SEPARATOR not in name or name in defined:
             continue
         split = split_element_name(name)
-        if split is None or element_problem(name, defined) is not None or split[0] not in defined:
+        if split is None:
             continue
         base, index = split
+        if SEPARATOR in base and base not in defined:
+            made.extend(make_elements((base,), defined, line))  # `t#i#j`: element j of element i
+        if base not in defined or element_problem(name, defined) is not None:
+            continue
         source = defined[base]
         assert isinstance(source.shape, TupleShape)
         element = Instruction(

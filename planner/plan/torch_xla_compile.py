@@ -129,6 +129,7 @@ def _inputs(specs: list[dict[str, Any]]) -> list[Any]:
 def compile_step(text: str, specs: list[dict[str, Any]], num_devices: int, dump_dir: str) -> dict[str, Any]:
     import torch_xla
     import torch_xla.runtime as xr
+
     from planner.hlo import jaxlib_api
     from planner.hlo.proto_ids import separate_computation_ids
 

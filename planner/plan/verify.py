@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from planner.errors import PlanningError, UnfaithfulConversion
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
-from planner.hlo.shardy_import import partitioner_of
 from planner.hlo.printer import print_module
 from planner.hlo.shapes import TupleShape, parse_shape
+from planner.hlo.shardy_import import partitioner_of
 from planner.plan.model import TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
 from planner.plan.torch_xla_compile import host_budget_bytes, parameter_specs, parameters_fit_host

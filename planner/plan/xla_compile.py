@@ -160,8 +160,22 @@ def _compile(
         from planner.plan.free_outputs import unpin_free_outputs
 
         mlir = unpin_free_outputs(mlir, allow_output)
-    executable = compile_fn(mlir, xla_client.DeviceList(chosen), options)
+    executable = compile_fn(_compilable(mlir), xla_client.DeviceList(chosen), options)
     return executable, time.perf_counter() - start, stablehlo
+
+
+def _compilable(mlir: bytes) -> Any:
+    """The module as the installed jaxlib's `compile` takes it: bytecode up to jax 0.7, a parsed `ir.Module`
+    (what JAX itself hands over) on releases whose compile-only client refuses bytes."""
+    from jaxlib import version
+
+    if tuple(int(p) for p in version.__version__.split(".")[:2]) < (0, 8):
+        return mlir
+    from jax._src.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
+
+    with jax_mlir.make_ir_context():
+        return ir.Module.parse(mlir)
 
 
 def _flags(value: object) -> bool | tuple[bool, ...]:

@@ -9,7 +9,7 @@ with its mesh inline, where older XLA wrote a GSPMD sharding and kept Shardy's i
     sharding={{mesh['x'=8], [{'x':(1)2}, {?}]}, {mesh['x'=8], [{}, {'x', ?}]p1}}   (a tuple)
 
     named  := '{' 'mesh' '[' axis (',' axis)* ']' [',' 'device_ids=[' ids ']'] ','
-              ('replicated' | dims) (',' key '={' refs '}')* '}'
+              ('replicated' | 'manual' | dims) (',' key '={' refs '}')* '}'
     axis   := "'" name "'" '=' size
     dims   := '[' [dim (',' dim)*] ']'
     dim    := '{' [ref (',' ref)*] [[','] '?'] '}' ['p' priority]
@@ -25,20 +25,32 @@ a rank-3 value is `{devices=[1,4,2]<=[2,4]T(1,0)}`.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.scanner import Cursor
+from planner.scanner import Cursor, skip_balanced
 from planner.sharding.hlo_sharding import HloSharding
-from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding, to_hlo_sharding
+from planner.sharding.shardy import (
+    AxisRef,
+    DimSharding,
+    SdyMesh,
+    TensorSharding,
+    factor_indices,
+    mesh_factors,
+    to_hlo_sharding,
+)
 from planner.sharding.tile_assignment import TileAssignment
 
-_MESH_START = re.compile(r"\{\s*\{?\s*mesh\s*\[")
+_MESH_START = re.compile(r"\{\s*\{?\s*(?:mesh|single_device|maximal_mesh)\s*\[")
 _QUOTED_NAME = re.compile(r"'((?:[^'\\\n]|\\.)*)'")
 _INT = re.compile(r"\d+")
 _KEY = re.compile(r"[a-z_]+")
 _PRIORITY = re.compile(r"p(\d+)")
+_SINGLE_DEVICE = re.compile(r"(?:single_device|maximal_mesh)\s*\[\s*")
+_IOTA_IDS = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\](?:\s*T\s*\(\s*(\d+(?:\s*,\s*\d+)*)\s*\))?")
+_REDUCTION = re.compile(r"(?:sum|max|min)(?=\s*\{)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +72,11 @@ def is_named_sharding(text: str, pos: int = 0) -> bool:
     return _MESH_START.match(text, pos) is not None
 
 
-def read_named_body(cursor: Cursor) -> NamedSharding:
-    """Reads `mesh[...], ...}` after a sharding's opening brace, up to and including its closing one."""
+def read_mesh_axes(cursor: Cursor) -> list[tuple[str, int]]:
+    """`mesh['fsdp'=2,'tp'=4]`: the axes with their sizes, major to minor."""
     cursor.skip_space()
-    cursor.expect("mesh", "to start a named sharding")
-    mesh_pos = cursor.skip_space()
+    cursor.expect("mesh", "to start a mesh")
+    cursor.skip_space()
     cursor.expect("[", "to open the mesh's axes")
     axes: list[tuple[str, int]] = []
     if not cursor.try_literal("]"):
@@ -75,6 +87,55 @@ def read_named_body(cursor: Cursor) -> NamedSharding:
             if cursor.try_literal("]"):
                 break
             cursor.expect(",", "or ']' between mesh axes")
+    return axes
+
+
+def read_mesh_replica_groups(cursor: Cursor) -> tuple[tuple[int, ...], ...]:
+    """`mesh['fsdp'=2,'tp'=4] {'tp'}` (a collective's `replica_groups` over mesh axes): one group per setting of
+    the other axes, each holding the devices that differ along the named axes, in the order named. Example:
+    over mesh ['fsdp'=2,'tp'=4], {'tp'} is {{0,1,2,3},{4,5,6,7}} and {'fsdp'} is {{0,4},{1,5},{2,6},{3,7}}."""
+    import numpy as np
+
+    start = cursor.skip_space()
+    axes = read_mesh_axes(cursor)
+    device_ids: tuple[int, ...] = ()
+    if cursor.try_literal(","):
+        cursor.skip_space()
+        cursor.expect("device_ids", "(a mesh's device ids) after ','")
+        cursor.expect("=")
+        device_ids = _int_list(cursor)
+    cursor.skip_space()
+    refs = _axis_set(cursor)
+    try:
+        mesh = SdyMesh(tuple(axes), device_ids)
+        factors = mesh_factors(mesh, list(refs))
+    except ValueError as e:
+        cursor.fail(str(e), start)
+    grouped = [i for ref in refs for i in factor_indices(factors, ref, mesh)]
+    rest = [i for i in range(len(factors)) if i not in grouped]
+    devices = np.asarray(mesh.device_ids or range(mesh.num_devices)).reshape([f[2] for f in factors] or [1])
+    size = math.prod(factors[i][2] for i in grouped)
+    rows = devices.transpose(rest + grouped).reshape(-1, size)
+    return tuple(tuple(int(d) for d in row) for row in rows)
+
+
+def read_named_body(cursor: Cursor) -> NamedSharding:
+    """Reads `mesh[...], ...}` after a sharding's opening brace, up to and including its closing one."""
+    mesh_pos = cursor.skip_space()
+    if cursor.try_match(_SINGLE_DEVICE) is not None:
+        # `{single_device[device_id=3]}` (older XLA: `maximal_mesh[...]`): everything on one device.
+        cursor.expect("device_id", "in single_device[device_id=N]")
+        cursor.expect("=")
+        device = cursor.parse_int("a device id")
+        cursor.expect("]", "to close single_device[...]")
+        if cursor.try_literal(","):
+            cursor.skip_space()
+            cursor.expect("metadata", "after ','")
+            cursor.expect("=")
+            skip_balanced(cursor, "the sharding's metadata")
+        cursor.expect("}", "to close the named sharding")
+        return NamedSharding(SdyMesh((), (device,)), TensorSharding(SdyMesh((), (device,)), ()))
+    axes = read_mesh_axes(cursor)
     device_ids: tuple[int, ...] = ()
     dims: tuple[DimSharding, ...] = ()
     extra: dict[str, tuple[AxisRef, ...]] = {}
@@ -86,16 +147,23 @@ def read_named_body(cursor: Cursor) -> NamedSharding:
                 cursor.fail("a named sharding has one list of dims", pos)
             dims, read_dims = _dims(cursor), True
             continue
-        key = cursor.match(_KEY, "dims [...], replicated, device_ids=[...] or an axis set like unreduced={...}").group(0)
-        if key == "replicated" and not cursor.text.startswith("=", cursor.skip_space()):
-            read_dims = True  # fully replicated: no dims are written, whatever the rank
+        key = cursor.match(_KEY, "dims [...], replicated, device_ids=(...) or an axis set like manual={...}").group(0)
+        if key in ("replicated", "manual", "unreduced") and not cursor.text.startswith("=", cursor.skip_space()):
+            # Fully replicated, manual (a shard_map's body) or unreduced: no dims are written, whatever the rank.
+            if key != "replicated":
+                extra[key] = tuple(AxisRef(name) for name, _ in axes)
+            read_dims = True
             continue
         cursor.expect("=", f"after '{key}'")
         if key == "device_ids":
-            device_ids = _int_list(cursor)
+            device_ids = _device_ids(cursor, axes)
+        elif key == "metadata":
+            skip_balanced(cursor, "the named sharding's metadata")
         elif key in ("replicated", "unreduced", "manual"):
             if key in extra:
                 cursor.fail(f"'{key}' is given twice", pos)
+            if key == "unreduced":
+                cursor.try_match(_REDUCTION)  # how the partial values combine: placement is the same
             extra[key] = _axis_set(cursor)
         else:
             cursor.fail(f"unknown key '{key}' in a named sharding", pos)
@@ -115,6 +183,7 @@ def parse_named_sharding(text: str) -> tuple[NamedSharding, ...]:
     """Every value's named sharding in `text` (one `{...}`, or a tuple `{{...}, {...}}`)."""
     cursor = Cursor(text)
     cursor.expect("{")
+    found: tuple[NamedSharding, ...]
     if cursor.peek() != "{":
         found = (read_named_body(cursor),)
     else:
@@ -154,8 +223,6 @@ def _with_manual(named: NamedSharding) -> HloSharding:
         return HloSharding.manual()
     # Put the manual axes last in the mesh, so that the placement's leftover axes split in two groups:
     # the replicated ones, then the manual ones.
-    import math
-
     import numpy as np
 
     order = [i for i, (n, _) in enumerate(mesh.axes) if n not in manual_names]
@@ -181,6 +248,33 @@ def _with_manual(named: NamedSharding) -> HloSharding:
 
 def _quoted(cursor: Cursor, what: str) -> str:
     return cursor.match(_QUOTED_NAME, what).group(1)
+
+
+def _device_ids(cursor: Cursor, axes: list[tuple[str, int]]) -> tuple[int, ...]:
+    """`(0,2,1,3)`, or an iota `([4,2]T(1,0))`, over the mesh's devices (older text: `[0,2,1,3]`)."""
+    if cursor.peek() == "[":
+        return _int_list(cursor)
+    cursor.expect("(", "to open the mesh's device ids")
+    if cursor.peek() == "[":
+        m = cursor.match(_IOTA_IDS, "an iota like [4,2]T(1,0)")
+        reshape = tuple(int(x) for x in m.group(1).split(","))
+        perm = tuple(int(x) for x in m.group(2).split(",")) if m.group(2) else None
+        try:
+            ids = TileAssignment.from_iota((math.prod(reshape),), reshape, perm).flat_devices
+        except ValueError as e:
+            cursor.fail(str(e), m.start())
+    else:
+        listed: list[int] = []
+        while True:
+            listed.append(cursor.parse_int("a device id"))
+            if cursor.peek() == ")":
+                break
+            cursor.expect(",", "or ')' between device ids")
+        ids = tuple(listed)
+    cursor.expect(")", "to close the mesh's device ids")
+    if len(ids) != math.prod(size for _, size in axes):
+        cursor.fail(f"{len(ids)} device ids for a mesh of {math.prod(size for _, size in axes)} devices")
+    return tuple(ids)
 
 
 def _int_list(cursor: Cursor) -> tuple[int, ...]:

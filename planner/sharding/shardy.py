@@ -351,13 +351,13 @@ def to_hlo_sharding(sharding: TensorSharding, meshes: dict[str, SdyMesh], rank: 
         raise ValueError(f"unreduced axes {[a.to_text() for a in sharding.unreduced]} have no GSPMD form")
     if mesh.is_maximal:
         return HloSharding.maximal(mesh.device_ids[0])
-    factors = _factors(mesh, [a for d in sharding.dims for a in d.axes] + list(sharding.replicated))
+    factors = mesh_factors(mesh, [a for d in sharding.dims for a in d.axes] + list(sharding.replicated))
     used: list[int] = []
     tile_dims: list[int] = []
     for dim in sharding.dims:
         count = 1
         for ref in dim.axes:
-            for index in _factor_indices(factors, ref, mesh):
+            for index in factor_indices(factors, ref, mesh):
                 if index in used:
                     raise ValueError(f"axis {ref.to_text()} is used twice in {sharding.to_text()}")
                 used.append(index)
@@ -389,7 +389,7 @@ def _resolve(mesh: str | SdyMesh, meshes: dict[str, SdyMesh]) -> SdyMesh:
     return meshes[mesh]
 
 
-def _factors(mesh: SdyMesh, refs: list[AxisRef]) -> list[tuple[str, int, int]]:
+def mesh_factors(mesh: SdyMesh, refs: list[AxisRef]) -> list[tuple[str, int, int]]:
     """Every axis cut at the sub-axis boundaries `refs` use: (axis, pre-size, size), major to minor."""
     cuts: dict[str, set[int]] = {name: {1, size} for name, size in mesh.axes}
     for ref in refs:
@@ -408,7 +408,7 @@ def _factors(mesh: SdyMesh, refs: list[AxisRef]) -> list[tuple[str, int, int]]:
     return factors
 
 
-def _factor_indices(factors: list[tuple[str, int, int]], ref: AxisRef, mesh: SdyMesh) -> list[int]:
+def factor_indices(factors: list[tuple[str, int, int]], ref: AxisRef, mesh: SdyMesh) -> list[int]:
     if ref.pre_size is None or ref.size is None:
         return [i for i, f in enumerate(factors) if f[0] == ref.name]
     end = ref.pre_size * ref.size
