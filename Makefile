@@ -12,7 +12,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Today's JAX (jax >= 0.11 needs Python 3.12): a second environment with the JAX extras only, so that
 # the JAX side is tested on the release users run as well as on the one torch_xla 2.9 pins.
-PYTHON_JAX ?= $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
+# The first Python 3.12 that runs (a pyenv shim may name one its configuration does not enable).
+PYTHON_JAX ?= $(shell for p in $$(command -v python3.12) $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
 JAX_TODAY ?= 0.12.0.1
 VENV_JAX ?= .venv-jax
 BIN_JAX := $(VENV_JAX)/bin

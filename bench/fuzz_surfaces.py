@@ -43,7 +43,7 @@ SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(REPO))
 
 SECONDS_PER_INPUT = 60
-_TOKEN = re.compile(r"[%\w.\-]+|[{}()\[\],=:]")
+_TOKEN = re.compile(r"[%\w.\-#]+|[{}()\[\],=:'?]")
 
 
 def seeds() -> list[str]:
@@ -56,6 +56,8 @@ def seeds() -> list[str]:
         + [(tests / "fixtures" / "repeated_names.hlo").read_text()]
         + [(tests / "fixtures" / "jax_sgd_mixed_outputs.stablehlo.mlir").read_text()]
         + [(SHARED / "corpus" / "torch_xla" / "llama_scan_L4_small.hlo").read_text()]
+        # Today's XLA text: `%t#k` operands, Shardy shardings written natively, mesh-axis replica groups.
+        + [p.read_text() for p in sorted((tests / "fixtures" / "jax_0_12").glob("*.hlo"))]
     )
 
 
