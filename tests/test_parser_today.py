@@ -137,6 +137,24 @@ def test_named_shardings_place_data_as_xla_s_own_conversion(text: str) -> None:
     assert parse_sharding(text) == parse_sharding(classic), classic
 
 
+def test_a_tuple_sharding_mixing_named_and_classic_elements_names_the_mesh() -> None:
+    """XLA writes a tuple's elements each its own way (`{{mesh[], replicated}, {replicated}, ...}`), with an
+    `/*index=5*/` comment every five elements."""
+    elements = ", ".join(["{mesh['x'=2,'y'=4], [{'x'}]}", "{replicated}"] + ["{mesh[], replicated}"] * 3)
+    sharding = "{" + elements + ", /*index=5*/{mesh['x'=2,'y'=4], [{'y'}]}}"
+    shape = "(" + ", ".join(["f32[8]"] * 6) + ")"
+    module = parse_hlo(
+        f"HloModule m\n\nENTRY %e (p: {shape}) -> {shape} {{\n"
+        f"  ROOT %p = {shape} parameter(0), sharding={sharding}\n}}\n"
+    )
+    assert partitioner_of(module) == SHARDY
+    mesh = module_mesh(module)
+    assert mesh is not None and (mesh.axis_names, mesh.shape) == (("x", "y"), (2, 4))
+    assert parse_sharding(sharding).elements[5] == parse_sharding(
+        "{devices=[4,2]<=[2,4]T(1,0) last_tile_dim_replicate}"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -32,7 +32,7 @@ from planner.hlo.mesh_inference import infer_mesh, named_meshes
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.mesh import Mesh
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
-from planner.sharding.named_text import NamedSharding, is_named_sharding, parse_named_sharding
+from planner.sharding.named_text import NamedSharding, parse_named_sharding
 from planner.sharding.shardy import SdyMesh, TensorSharding, to_hlo_sharding
 
 GSPMD = "gspmd"
@@ -50,8 +50,9 @@ def module_meshes(module: HloModule) -> dict[str, SdyMesh]:
     inline: dict[SdyMesh, str] = {}
     for comp in module.computations:
         for inst in comp.instructions:
-            for named in named_shardings(inst) or ():
-                inline.setdefault(named.mesh, "mesh" if not inline else f"mesh_{len(inline)}")
+            for named in named_shardings(inst):
+                if named is not None:
+                    inline.setdefault(named.mesh, "mesh" if not inline else f"mesh_{len(inline)}")
     if inline:
         return {name: mesh for mesh, name in inline.items()}
     return _undeclared_mesh(module)
@@ -68,12 +69,13 @@ def _undeclared_mesh(module: HloModule) -> dict[str, SdyMesh]:
     return {} if mesh is None else {next(iter(names)): mesh}
 
 
-def named_shardings(inst: Instruction) -> tuple[NamedSharding, ...] | None:
-    """The Shardy shardings `inst`'s `sharding=` writes natively, one per result; None when it writes none."""
+def named_shardings(inst: Instruction) -> tuple[NamedSharding | None, ...]:
+    """The Shardy shardings `inst`'s `sharding=` writes natively, one per result (None for a result written
+    the classic way); empty when it has no sharding."""
     for a in inst.attributes:
         if a.key == "sharding":
-            return parse_named_sharding(a.text) if is_named_sharding(a.text) else None
-    return None
+            return parse_named_sharding(a.text)
+    return ()
 
 
 def partitioner_of(module: HloModule) -> str:
@@ -135,9 +137,10 @@ def _convert(
     attrs = inst.attr("frontend_attributes")
     target = inst.attr("custom_call_target") if inst.opcode == "custom-call" else None
     if not isinstance(attrs, FrontendAttributes):
-        native = named_shardings(inst)
-        if target == "Sharding" and native is not None and not inst.has_attr("backend_config"):
-            return _with_open_dims(inst, native[0].sharding.open_dims if len(native) == 1 else ())
+        if target == "Sharding" and not inst.has_attr("backend_config"):
+            native = named_shardings(inst)
+            if len(native) == 1 and native[0] is not None:
+                return _with_open_dims(inst, native[0].sharding.open_dims)
         return inst
     if target == SHARDING_GROUP and attrs.sdy_group is not None:
         gid = groups.setdefault(attrs.sdy_group, next_group[0])

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import HloParseError, PlannerError, PlanningError
+from planner.errors import HloParseError, PlannerError
 from planner.hlo import jaxlib_api
 from planner.hlo.compile_defaults import NUM_PARTITIONS, OUTPUT_FLAGS, PARAMETER_FLAGS, flags_text
 from planner.hlo.frontend_attributes import MESHES
@@ -39,6 +39,7 @@ SHARDING_ATTRIBUTES = ("mhlo.sharding", "sdy.sharding")
 # MLIR text starts with an optional attribute alias block (`#loc = ...`), then `module` or a bare func.
 _MLIR_START = re.compile(r"\s*(?://[^\n]*\n\s*)*(module\b|func\.func\b|#[\w.$-]+\s*=)")
 _LOCATION = re.compile(r":(\d+):(\d+)")
+_FRONTEND_ATTRIBUTES = "frontend_attributes={"
 
 
 def is_stablehlo_text(text: str) -> bool:
@@ -99,24 +100,24 @@ def read_stablehlo(text: str, source: str = "") -> str:
     # make up `-:LINE` ones from the text's own lines, which name nothing the user wrote.
     hlo = jaxlib_api.short_parsable_text(computation, with_metadata="loc(" in text)
     header, newline, rest = hlo.partition("\n")
-    return header + signature.header_options() + _mesh_options(module, header) + newline + rest
+    return _with_meshes(module, header) + signature.header_options() + newline + rest
 
 
-def _mesh_options(module: Any, header: str) -> str:
-    """The module's `sdy.mesh` declarations as the `xla.sdy.meshes` header attribute, where the converted
-    header lacks them (jaxlib 0.12's export keeps the Shardy shardings that name `@mesh`, not the mesh)."""
+def _with_meshes(module: Any, header: str) -> str:
+    """The header with the module's `sdy.mesh` declarations as its `xla.sdy.meshes` frontend attribute, where
+    the converted header lacks them (jaxlib 0.12's export keeps the Shardy shardings that name `@mesh`, not
+    the mesh)."""
     if MESHES in header:
-        return ""
-    meshes = []
-    for op in module.body.operations:
-        if op.operation.name == "sdy.mesh" and "sym_name" in op.attributes and "mesh" in op.attributes:
-            meshes.append(f"{op.attributes['sym_name'].value} = {op.attributes['mesh']}")
+        return header
+    declared = [op for op in module.body.operations if op.operation.name == "sdy.mesh"]
+    meshes = [f"{op.attributes['sym_name'].value} = {op.attributes['mesh']}" for op in declared
+              if "sym_name" in op.attributes and "mesh" in op.attributes]  # fmt: skip
     if not meshes:
-        return ""
-    if "frontend_attributes=" in header:
-        raise PlanningError("the converted module's header has frontend attributes and no Shardy meshes; "
-                            "hand over XLA's dump or lowered.as_text(dialect='hlo') with --mesh")  # fmt: skip
-    return f", frontend_attributes={{{MESHES}={{{', '.join(meshes)}}}}}"
+        return header
+    entry = f"{MESHES}={{{', '.join(meshes)}}}"
+    if _FRONTEND_ATTRIBUTES in header:
+        return header.replace(_FRONTEND_ATTRIBUTES, f"{_FRONTEND_ATTRIBUTES}{entry}, ", 1)
+    return f"{header}, {_FRONTEND_ATTRIBUTES}{entry}}}"
 
 
 def _jaxlib(text: str, source: str) -> tuple[Any, Any]:

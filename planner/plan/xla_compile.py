@@ -167,9 +167,9 @@ def _compile(
 def _compilable(mlir: bytes) -> Any:
     """The module as the installed jaxlib's `compile` takes it: bytecode up to jax 0.7, a parsed `ir.Module`
     (what JAX itself hands over) on releases whose compile-only client refuses bytes."""
-    from jaxlib import version
+    from planner.hlo.jaxlib_api import jaxlib_version
 
-    if tuple(int(p) for p in version.__version__.split(".")[:2]) < (0, 8):
+    if jaxlib_version() < (0, 8):
         return mlir
     from jax._src.interpreters import mlir as jax_mlir
     from jaxlib.mlir import ir

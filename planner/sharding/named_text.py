@@ -43,7 +43,7 @@ from planner.sharding.shardy import (
 )
 from planner.sharding.tile_assignment import TileAssignment
 
-_MESH_START = re.compile(r"\{\s*\{?\s*(?:mesh|single_device|maximal_mesh)\s*\[")
+_MESH_START = re.compile(r"\{\s*(?:mesh|single_device|maximal_mesh)\s*\[")
 _QUOTED_NAME = re.compile(r"'((?:[^'\\\n]|\\.)*)'")
 _INT = re.compile(r"\d+")
 _KEY = re.compile(r"[a-z_]+")
@@ -179,25 +179,29 @@ def read_named_body(cursor: Cursor) -> NamedSharding:
 
 
 @lru_cache(maxsize=4096)
-def parse_named_sharding(text: str) -> tuple[NamedSharding, ...]:
-    """Every value's named sharding in `text` (one `{...}`, or a tuple `{{...}, {...}}`)."""
+def parse_named_sharding(text: str) -> tuple[NamedSharding | None, ...]:
+    """Each value's named sharding in `text` (one `{...}`, or a tuple `{{...}, {...}}`), None for a value
+    written the classic way: XLA mixes both in one tuple (`{{mesh[], replicated}, {replicated}, ...}`).
+    `text` is a sharding the HLO parser has already read (`planner.sharding.text`)."""
     cursor = Cursor(text)
+    if not text.startswith("{{", cursor.skip_space()):
+        return (_element(cursor),)
     cursor.expect("{")
-    found: tuple[NamedSharding, ...]
-    if cursor.peek() != "{":
-        found = (read_named_body(cursor),)
-    else:
-        values = []
-        while True:
-            cursor.expect("{", "to open a tuple element's sharding")
-            values.append(read_named_body(cursor))
-            if cursor.try_literal("}"):
-                break
-            cursor.expect(",", "or '}' between tuple element shardings")
-        found = tuple(values)
-    if not cursor.at_end():
-        cursor.fail(f"unexpected {cursor.describe_next()} after the sharding")
-    return found
+    values = []
+    while True:
+        values.append(_element(cursor))
+        if cursor.try_literal("}"):
+            return tuple(values)
+        cursor.expect(",", "or '}' between tuple element shardings")
+
+
+def _element(cursor: Cursor) -> NamedSharding | None:
+    start = cursor.skip_space()
+    if not is_named_sharding(cursor.text, start):
+        skip_balanced(cursor, "a tuple element's sharding")
+        return None
+    cursor.expect("{", "to open a sharding")
+    return read_named_body(cursor)
 
 
 def named_to_hlo(named: NamedSharding) -> HloSharding:
