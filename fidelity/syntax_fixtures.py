@@ -7,7 +7,8 @@ its tuple's elements: `%t#k` operands in XLA's dump), a shard_map with a psum an
 (manual axes, all-reduces' replica groups), `lax.top_k`, an open dim (`P.UNCONSTRAINED`), a sub-axis
 (a dim split over part of an axis), a boolean mask constant. Each partitioner's module is written as
 `lowered.as_text()` (StableHLO), `lowered.as_text(dialect="hlo")` and XLA:CPU's `before_optimizations`
-dump, with the compiled bytes and per-device While shapes XLA reported.
+dump, with the compiled bytes and per-device While shapes XLA reported, and as the HLO this release's
+jaxlib converts its StableHLO to (`.stablehlo.hlo`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.dumps import largest_module, while_shapes
+from planner.hlo import jaxlib_api
 
 NAME = "syntax_step"
+WINDOW = 4  # the sliding window of the step's boolean mask constant
 
 
 def _step() -> tuple[Any, tuple[Any, ...], Any]:
@@ -48,7 +51,9 @@ def _step() -> tuple[Any, tuple[Any, ...], Any]:
     def step(ws: Any, x: Any) -> Any:
         def loss(ws: Any) -> Any:
             y, _ = jax.lax.scan(layer, x, ws)
-            mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+            # A sliding-window causal mask as a constant (Gemma 2's local layers): a dense i1 tensor in hex.
+            causal = np.tril(np.ones((seq, seq), dtype=bool))
+            mask = jnp.asarray(causal & ~np.tril(causal, -WINDOW))
             scores = jnp.where(mask, y[:seq, :seq], -1e9)
             top, _ = jax.lax.top_k(scores, 4)
             return top.mean() + shard_sum(y).mean()
@@ -75,6 +80,10 @@ def write_forms(out_dir: Path) -> dict[str, Any]:
         stem = f"{NAME}_{partitioner}"
         (out_dir / f"{stem}.stablehlo.mlir").write_text(lowered.as_text())
         (out_dir / f"{stem}.lowered.hlo").write_text(lowered.as_text(dialect="hlo"))
+        # The HLO this release's own jaxlib converts the StableHLO to, every attribute printed: what another
+        # release's jaxlib must read the StableHLO text as.
+        converted = jaxlib_api.stablehlo_to_computation(lowered.as_text())
+        (out_dir / f"{stem}.stablehlo.hlo").write_text(jaxlib_api.short_parsable_text(converted, False))
         compiled = lowered.compile()
         module = largest_module(dump_root, exclude=tuple(summary.get("prefixes", [])))
         summary.setdefault("prefixes", []).append(module.prefix)

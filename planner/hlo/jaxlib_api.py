@@ -88,6 +88,9 @@ def short_parsable_text(computation: Any, with_metadata: bool) -> str:
     """The computation's HLO text as `Lowered.as_text(dialect="hlo")` prints it."""
     options = hlo_bindings().HloPrintOptions.short_parsable()
     options.print_metadata = with_metadata
+    # A sharding constraint's `unspecified_dims=[...]` (P.UNCONSTRAINED) lives in its backend_config, which
+    # jaxlib 0.7.1's short_parsable leaves out (0.12's prints it, as XLA's dump does).
+    options.print_backend_config = True
     return str(computation.as_hlo_module().to_string(options))
 
 

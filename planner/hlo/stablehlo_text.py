@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import HloParseError, PlannerError
-from planner.hlo import jaxlib_api
+from planner.hlo import jaxlib_api, stablehlo_compat
 from planner.hlo.compile_defaults import NUM_PARTITIONS, OUTPUT_FLAGS, PARAMETER_FLAGS, flags_text
 from planner.hlo.frontend_attributes import MESHES
 
@@ -79,12 +79,18 @@ def read_stablehlo(text: str, source: str = "") -> str:
     ir, jax_mlir = _jaxlib(text, source)
     with jax_mlir.make_ir_context():
         try:
-            module = ir.Module.parse(text)
+            readable = stablehlo_compat.readable_text(text, ir)
+        except stablehlo_compat.CompatibilityError as e:
+            line = text.count("\n", 0, e.offset) + 1
+            column = e.offset - (text.rfind("\n", 0, e.offset) + 1) + 1
+            raise _error(text, line, column, f"StableHLO text: {e}", source) from None
+        try:
+            module = ir.Module.parse(readable)
         except ir.MLIRError as e:
             diagnostic = e.error_diagnostics[0] if e.error_diagnostics else None
             message = diagnostic.message if diagnostic is not None else str(e)
             line, column = _position(str(diagnostic.location) if diagnostic is not None else "")
-            raise _error(text, line, column, f"StableHLO text: {message}", source) from None
+            raise _error(text, line, column, f"StableHLO text: {message}{_release_hint(message)}", source) from None
         signature = _entry_signature(ir, module, text, source)
         try:
             # The module as parsed, as bytecode (what JAX's `Lowered.hlo()` converts): not parsed twice.
@@ -101,6 +107,15 @@ def read_stablehlo(text: str, source: str = "") -> str:
     hlo = jaxlib_api.short_parsable_text(computation, with_metadata="loc(" in text)
     header, newline, rest = hlo.partition("\n")
     return _with_meshes(module, header) + signature.header_options() + newline + rest
+
+
+def _release_hint(message: str) -> str:
+    """What to hand over when the text may come from a jax release whose StableHLO this jaxlib does not know."""
+    if not any(word in message for word in ("unknown", "custom op", "undefined", "invalid", "expected")):
+        return ""
+    return (f" (read with {jaxlib_api.jax_version_text()}'s MLIR, which knows the StableHLO its own release "
+            "writes: text from a newer jax may use forms it does not know. lowered.as_text(dialect='hlo') "
+            "and XLA's dump read from any release)")  # fmt: skip
 
 
 def _with_meshes(module: Any, header: str) -> str:

@@ -37,8 +37,7 @@ from planner.sharding.shardy import (
     DimSharding,
     SdyMesh,
     TensorSharding,
-    factor_indices,
-    mesh_factors,
+    replica_groups_over,
     to_hlo_sharding,
 )
 from planner.sharding.tile_assignment import TileAssignment
@@ -94,8 +93,6 @@ def read_mesh_replica_groups(cursor: Cursor) -> tuple[tuple[int, ...], ...]:
     """`mesh['fsdp'=2,'tp'=4] {'tp'}` (a collective's `replica_groups` over mesh axes): one group per setting of
     the other axes, each holding the devices that differ along the named axes, in the order named. Example:
     over mesh ['fsdp'=2,'tp'=4], {'tp'} is {{0,1,2,3},{4,5,6,7}} and {'fsdp'} is {{0,4},{1,5},{2,6},{3,7}}."""
-    import numpy as np
-
     start = cursor.skip_space()
     axes = read_mesh_axes(cursor)
     device_ids: tuple[int, ...] = ()
@@ -107,16 +104,9 @@ def read_mesh_replica_groups(cursor: Cursor) -> tuple[tuple[int, ...], ...]:
     cursor.skip_space()
     refs = _axis_set(cursor)
     try:
-        mesh = SdyMesh(tuple(axes), device_ids)
-        factors = mesh_factors(mesh, list(refs))
+        return replica_groups_over(SdyMesh(tuple(axes), device_ids), list(refs))
     except ValueError as e:
         cursor.fail(str(e), start)
-    grouped = [i for ref in refs for i in factor_indices(factors, ref, mesh)]
-    rest = [i for i in range(len(factors)) if i not in grouped]
-    devices = np.asarray(mesh.device_ids or range(mesh.num_devices)).reshape([f[2] for f in factors] or [1])
-    size = math.prod(factors[i][2] for i in grouped)
-    rows = devices.transpose(rest + grouped).reshape(-1, size)
-    return tuple(tuple(int(d) for d in row) for row in rows)
 
 
 def read_named_body(cursor: Cursor) -> NamedSharding:

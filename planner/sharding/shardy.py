@@ -413,3 +413,27 @@ def factor_indices(factors: list[tuple[str, int, int]], ref: AxisRef, mesh: SdyM
         return [i for i, f in enumerate(factors) if f[0] == ref.name]
     end = ref.pre_size * ref.size
     return [i for i, (name, pre, _) in enumerate(factors) if name == ref.name and ref.pre_size <= pre < end]
+
+
+def replica_groups_over(mesh: SdyMesh, refs: list[AxisRef]) -> tuple[tuple[int, ...], ...]:
+    """A collective's device groups over mesh axes `refs`: one group per setting of the other axes, each
+    holding the devices that differ along `refs`, in the order named. Example: over mesh
+    ["fsdp"=2, "tp"=4], ["tp"] is ((0,1,2,3), (4,5,6,7)) and ["fsdp"] is ((0,4), (1,5), (2,6), (3,7))."""
+    import numpy as np
+
+    factors = mesh_factors(mesh, refs)
+    grouped = [i for ref in refs for i in factor_indices(factors, ref, mesh)]
+    rest = [i for i in range(len(factors)) if i not in grouped]
+    devices = np.asarray(mesh.device_ids or range(mesh.num_devices)).reshape([f[2] for f in factors] or [1])
+    size = math.prod(factors[i][2] for i in grouped)
+    rows = devices.transpose(rest + grouped).reshape(-1, size)
+    return tuple(tuple(int(d) for d in row) for row in rows)
+
+
+def parse_mesh(text: str) -> SdyMesh:
+    """`<["a"=2, "b"=4], device_ids=[...]>`, a mesh as `sdy.mesh @name = ...` declares it in MLIR."""
+    r = _Reader(text)
+    mesh = _mesh_body(r)
+    r.end()
+    return mesh
+
