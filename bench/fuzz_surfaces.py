@@ -56,8 +56,10 @@ def seeds() -> list[str]:
         + [(tests / "fixtures" / "repeated_names.hlo").read_text()]
         + [(tests / "fixtures" / "jax_sgd_mixed_outputs.stablehlo.mlir").read_text()]
         + [(SHARED / "corpus" / "torch_xla" / "llama_scan_L4_small.hlo").read_text()]
-        # Today's XLA text: `%t#k` operands, Shardy shardings written natively, mesh-axis replica groups.
-        + [p.read_text() for p in sorted((tests / "fixtures" / "jax_0_12").glob("*.hlo"))]
+        # Each release's text of one step: XLA 0.12's `%t#k` operands, Shardy shardings written natively and
+        # mesh-axis replica groups; StableHLO with a boolean constant in either hex layout.
+        + [p.read_text() for p in sorted((tests / "fixtures").glob("jax_0_*/*.hlo"))]
+        + [p.read_text() for p in sorted((tests / "fixtures").glob("jax_0_*/*.stablehlo.mlir"))]
     )
 
 

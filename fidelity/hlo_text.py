@@ -129,7 +129,7 @@ def read_module(text: str) -> dict[str, TextComputation]:
                 current, name, root, is_entry = {}, m.group(2), "", bool(m.group(1))
             continue
         if line.startswith("}"):
-            computations[name] = TextComputation(name, current, root, is_entry)
+            computations[name] = TextComputation(name, _with_elided_elements(current), root, is_entry)
             current = None
             continue
         inst = parse_instruction(line)
@@ -138,6 +138,19 @@ def read_module(text: str) -> dict[str, TextComputation]:
             if line.lstrip().startswith("ROOT"):
                 root = inst.name
     return computations
+
+
+def _with_elided_elements(instructions: dict[str, TextInstruction]) -> dict[str, TextInstruction]:
+    """Each `t#k` operand (today's XLA elides a get-tuple-element and names element k of `t` so; `t#i#j` is
+    element j of element i) as the get-tuple-element it stands for. Its sharding is not printed."""
+    elements: dict[str, TextInstruction] = {}
+    for inst in instructions.values():
+        for operand in inst.operands:
+            while "#" in operand and operand not in instructions and operand not in elements:
+                base = operand.rsplit("#", 1)[0]
+                elements[operand] = TextInstruction(operand, "get-tuple-element", (base,), (), None)
+                operand = base
+    return {**instructions, **elements}
 
 
 def instruction_shardings(computations: dict[str, TextComputation]) -> dict[str, str]:

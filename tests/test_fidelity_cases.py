@@ -237,6 +237,21 @@ def test_inlined_names_map_back_to_the_source() -> None:
     }
 
 
+def test_elided_tuple_elements_map_back_to_the_source_s_get_tuple_elements() -> None:
+    """Today's XLA dump writes `%t#k` for element k of `t`; the lowered source has the get-tuple-element."""
+    source = read_module(
+        "HloModule m\n\nENTRY main.1 {\n  a.2 = f32[8]{0} parameter(0)\n  t.3 = (f32[8]{0}, f32[8]{0}) tuple(a.2, a.2)\n"
+        "  g.4 = f32[8]{0} get-tuple-element(t.3), index=1\n  ROOT n.5 = f32[8]{0} negate(g.4)\n}\n"
+    )
+    dump = read_module(
+        "HloModule m\n\nENTRY %main.1 (a.2: f32[8]) -> f32[8] {\n  %a.2 = f32[8]{0} parameter(0)\n"
+        "  %t.3 = (f32[8]{0}, f32[8]{0}) tuple(%a.2, %a.2)\n  ROOT %n.5 = f32[8]{0} negate(%t.3#1)\n}\n"
+    )
+    element = dump["main.1"].instructions["t.3#1"]
+    assert (element.opcode, element.operands) == ("get-tuple-element", ("t.3",))
+    assert source_names(source, dump) == {"n.5": "n.5", "t.3#1": "g.4", "t.3": "t.3", "a.2": "a.2"}
+
+
 # --- what the records hold (real compiles, cached) -----------------------------------------------------
 
 JAX_CI = [c for c in CI_SUBSET if c.front_end == "jax"]

@@ -436,4 +436,3 @@ def parse_mesh(text: str) -> SdyMesh:
     mesh = _mesh_body(r)
     r.end()
     return mesh
-
