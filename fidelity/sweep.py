@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from fidelity.agreement import (
 from fidelity.cases import CASES, CI_CASES, Case, case_named
 from fidelity.lowered import lowered_form
 from fidelity.placement_check import PlacementCheck, check_change_set
-from fidelity.references import ensure_references, reference_path
+from fidelity.references import ensure_references, reference_path, xla_dump_path
 from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
 from planner.hlo.ir import HloModule
 from planner.plan.confirmation import CONFIRMED_SHARE
@@ -62,6 +63,9 @@ class Row:
     lowered_agrees: bool | None = None
     # JAX: the same for the step as `lowered.as_text()` prints it by default (StableHLO text).
     stablehlo_agrees: bool | None = None
+    # JAX: the same for XLA's own dump of the compile as XLA writes it (`--xla_dump_to`; today's XLA elides
+    # get-tuple-elements as `%t#k` operands and prints Shardy shardings natively). None: the case has none.
+    dump_agrees: bool | None = None
 
     @property
     def error(self) -> float:
@@ -113,10 +117,11 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
             xla = record.get("instruction_shardings") or record.get("xla_instruction_shardings")
             shardings = sharding_agreement(prepared, result, xla) if xla and names else None
         total = memory_report(prepared, result=result).total_bytes
-        gradients, placement, recommends, lowered, stablehlo = None, None, None, None, None
+        gradients, placement, recommends, lowered, stablehlo, dump = None, None, None, None, None, None
         if case.front_end == "jax":
             lowered = _lowered_agrees(hlo, backend, result, total)
             stablehlo = _stablehlo_agrees(case, backend, result, total)
+            dump = _dump_agrees(case, backend, result, total)
             gradients, (plan, patched) = _gradients_found(prepared, record, compiler)
             recommends = any(p.recommended for p in plan.placements)
             topology = case.tpu_topology if compiler == "tpu" else None
@@ -124,7 +129,7 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
                 placement = check_change_set(module, prepared.front, patched, plan, case.mesh.num_devices, topology)
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
                         propagation_agreement(prepared, result, whiles), shardings, gradients, placement,
-                        recommends, lowered, stablehlo))  # fmt: skip
+                        recommends, lowered, stablehlo, dump))  # fmt: skip
     return rows
 
 
@@ -157,6 +162,57 @@ def _stablehlo_agrees(case: Case, backend: str, dump_result: PropagationResult, 
         (i.opcode, i.sharding) for i in dump_result.instructions
     ]
     return same and memory_report(pasted, result=result).total_bytes == dump_total
+
+
+def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_total: int) -> bool | None:
+    """Whether XLA's dump of the compile, as XLA wrote it, propagates and sizes as the step's NAME.hlo does.
+
+    The dump has the lowered text's instructions under the same names, but where today's XLA elides a
+    get-tuple-element (`%t#k`, one per element however many read it) the lowered text has one per reader:
+    those are compared by the (tuple, index) they read, the rest by name.
+    """
+    from planner import parse_hlo
+    from planner.memory import memory_report
+    from planner.prepare import prepare
+    from planner.propagation import propagate
+
+    path = xla_dump_path(case)
+    if not path.exists():
+        return None
+    written = prepare(parse_hlo(path.read_text()), backend)
+    result = propagate(written)
+    if memory_report(written, result=result).total_bytes != dump_total:
+        return False
+
+    def split(instructions: tuple[Any, ...]) -> tuple[dict[str, Any], dict[tuple[str, int], set[Any]], set[Any]]:
+        named = {i.name: i.sharding for i in instructions if i.opcode != "get-tuple-element"}
+        elements: dict[tuple[str, int], set[Any]] = {}
+        read = {operand for i in instructions for operand in i.operands}
+        unread: set[tuple[str, int]] = set()
+        for i in instructions:
+            if i.opcode == "get-tuple-element":
+                elements.setdefault((i.operands[0], i.tuple_index), set()).add(i.sharding)
+                if i.name not in read:
+                    unread.add((i.operands[0], i.tuple_index))
+        return named, elements, unread
+
+    named, elements, unread = split(result.instructions)
+    dump_named, dump_elements, dump_unread = split(dump_result.instructions)
+    # An element one form reads and the other does not is dead code in the first (a loop condition's
+    # get-tuple-elements of everything but its counter, which only the lowered text writes).
+    one_sided = elements.keys() ^ dump_elements.keys()
+    dead = one_sided <= (unread | dump_unread)
+    same_elements = all(elements[k] == dump_elements[k] for k in elements.keys() & dump_elements.keys())
+    if named.keys() == dump_named.keys():
+        return dead and same_elements and named == dump_named
+
+    # A Shardy compile's dump is XLA's re-export of the module, under its own names, with each result's
+    # sharding on the root where the lowered text has an `xla.sdy.FuncResultSharding` call (read as a
+    # copy): the same instructions are compared by what they are and how they are split.
+    def kinds(instructions: tuple[Any, ...]) -> Counter[tuple[str, Any]]:
+        return Counter((i.opcode, i.sharding) for i in instructions if i.opcode not in ("get-tuple-element", "copy"))
+
+    return kinds(result.instructions) == kinds(dump_result.instructions)
 
 
 def _gradients_found(
@@ -319,7 +375,8 @@ def _lowered(rows: list[Row]) -> str:
         f'- JAX steps as `lowered.as_text(dialect="hlo")` prints them (no compile options in the header), read '
         f"with JAX's defaults: the same shardings and bytes as XLA's dump of the compile on "
         f"{agree('lowered_agrees')}. As `lowered.as_text()` prints them (StableHLO text, each output's flag read "
-        f"from its result's sharding attribute): the same on {agree('stablehlo_agrees')}."
+        f"from its result's sharding attribute): the same on {agree('stablehlo_agrees')}. As XLA dumps the compile "
+        f"(`--xla_dump_to`, where it writes one): the same on {agree('dump_agrees')}."
     )
 
 
