@@ -49,7 +49,9 @@ $(VENV_JAX)/.installed: pyproject.toml setup.py
 	$(BIN_JAX)/python -m pip install --quiet --upgrade pip
 	$(BIN_JAX)/python -m pip install --quiet 'jax[tpu]==$(JAX_TODAY)'
 	# Pure Python: its tests are the text forms and compiles of today's JAX, not the core's speed, and
-	# mypyc's build for a second interpreter would take CI minutes.
+	# mypyc's build for a second interpreter would take CI minutes. A compiled core left from an earlier
+	# build for this interpreter would shadow the sources without its runtime module: it goes first.
+	find planner -name '*.cpython-312-*.so' -delete
 	SPMD_PLANNER_PURE=1 $(BIN_JAX)/python -m pip install --quiet -e '.[dev,jax,tpu,team]'
 	touch $@
 
