@@ -172,6 +172,7 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
     those are compared by the (tuple, index) they read, the rest by name.
     """
     from planner import parse_hlo
+    from planner.hlo.shardy_import import SHARDY, partitioner_of
     from planner.memory import memory_report
     from planner.prepare import prepare
     from planner.propagation import propagate
@@ -179,7 +180,8 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
     path = xla_dump_path(case)
     if not path.exists():
         return None
-    written = prepare(parse_hlo(path.read_text()), backend)
+    parsed = parse_hlo(path.read_text())
+    written = prepare(parsed, backend)
     result = propagate(written)
     if memory_report(written, result=result).total_bytes != dump_total:
         return False
@@ -188,13 +190,13 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
         named = {i.name: i.sharding for i in instructions if i.opcode != "get-tuple-element"}
         elements: dict[tuple[str, int], set[Any]] = {}
         read = {operand for i in instructions for operand in i.operands}
-        unread: set[tuple[str, int]] = set()
+        readers: set[tuple[str, int]] = set()
         for i in instructions:
             if i.opcode == "get-tuple-element":
                 elements.setdefault((i.operands[0], i.tuple_index), set()).add(i.sharding)
-                if i.name not in read:
-                    unread.add((i.operands[0], i.tuple_index))
-        return named, elements, unread
+                if i.name in read:
+                    readers.add((i.operands[0], i.tuple_index))
+        return named, elements, elements.keys() - readers
 
     named, elements, unread = split(result.instructions)
     dump_named, dump_elements, dump_unread = split(dump_result.instructions)
@@ -203,7 +205,7 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
     one_sided = elements.keys() ^ dump_elements.keys()
     dead = one_sided <= (unread | dump_unread)
     same_elements = all(elements[k] == dump_elements[k] for k in elements.keys() & dump_elements.keys())
-    if named.keys() == dump_named.keys():
+    if named.keys() == dump_named.keys() or partitioner_of(parsed) != SHARDY:
         return dead and same_elements and named == dump_named
 
     # A Shardy compile's dump is XLA's re-export of the module, under its own names, with each result's

@@ -10,7 +10,7 @@ decides what lands in memory:
   bf16 (its `CpuFloatSupport` lets its dot and elementwise emitters take bf16): measured on the CI
   subset's six bf16 steps, widening put the model 26-66% over its bytes and 4-22% under without.
   `cpu` is the XLA:CPU of the installed jaxlib (the one `--verify` compiles with); releases between
-  0.7.1 and 0.12 are not measured and are read as 0.12's, as is a machine with no jaxlib.
+  0.7.1 and 0.12 are not measured and are read as 0.7.1's; a machine with no jaxlib gets today's.
 - XLA:TPU computes a default-precision f32 dot on bf16 operands. A saved value that the backward
   pass reads only as a dot operand is converted before it is stored: the stacked residual is bf16.
 - XLA:TPU's memory-space assignment keeps temporaries in on-chip memory (VMEM) when they fit; those

@@ -38,6 +38,7 @@ def rows() -> dict[str, list[Row]]:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_every_form_plans_alike(case: Case, rows: dict[str, list[Row]]) -> None:
+    assert [row.backend for row in rows[case.name]] == ["cpu", case.chip]
     for row in rows[case.name]:
         forms = {"lowered": row.lowered_agrees, "stablehlo": row.stablehlo_agrees, "dump": row.dump_agrees}
         assert forms == {"lowered": True, "stablehlo": True, "dump": True}, row.backend
@@ -50,6 +51,7 @@ def test_gspmd_loops_are_partitioned_as_each_compiler_did(case: Case, rows: dict
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hbm_per_chip_within_the_pinned_stack_s_bound(case: Case, rows: dict[str, list[Row]]) -> None:
+    assert [row.backend for row in rows[case.name]] == ["cpu", case.chip]
     for row in rows[case.name]:
         assert abs(row.error) <= TOLERANCE[row.compiler], (
             f"{row.backend}: ours {row.ours_bytes / 2**20:.1f} MiB, compiler {row.compiler_bytes / 2**20:.1f} MiB "

@@ -13,7 +13,25 @@ def test_every_chip_preset_names_its_compiler() -> None:
     assert set(CHIPS) <= set(BACKENDS)
     assert {backend(name).compiler for name in ("v4", "v5e", "v5p", "v6e")} == {"tpu"}
     assert {backend(name).compiler for name in ("h100", "h200")} == {"gpu"}
-    assert backend("cpu").widens_half_floats and not backend("v6e").widens_half_floats
+    assert not backend("v6e").widens_half_floats
+
+
+@pytest.mark.parametrize(
+    ("jaxlib", "widens"), [("0.7.1", True), ("0.10.2", True), ("0.12.0.1", False), ("0.13.0", False), (None, False)]
+)
+def test_xla_cpu_widens_half_floats_before_jax_0_12(
+    monkeypatch: pytest.MonkeyPatch, jaxlib: str | None, widens: bool
+) -> None:
+    """The cpu target is the installed jaxlib's XLA:CPU; with none, today's."""
+    import planner.targets as targets
+
+    def installed(package: str) -> str:
+        if jaxlib is None:
+            raise targets.PackageNotFoundError(package)
+        return jaxlib
+
+    monkeypatch.setattr(targets, "version", installed)
+    assert targets._xla_cpu_widens_half_floats() is widens
 
 
 @pytest.mark.parametrize(

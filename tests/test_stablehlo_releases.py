@@ -110,3 +110,17 @@ def test_replica_groups_over_an_inline_mesh_and_a_sub_axis() -> None:
     assert _explicit_replica_groups(declared + named).endswith(
         "replica_groups = dense<[[0, 4], [1, 5], [2, 6], [3, 7]]> : tensor<4x2xi64>"
     )
+
+
+def test_an_inline_mesh_as_mlir_prints_it_and_small_boolean_constants_stay() -> None:
+    """MLIR prints a mesh's axes without their attribute prefix; a one-byte boolean constant of up to eight
+    elements is a splat in either layout (or packed bits): it is left as written."""
+    text = ('replica_groups = #stablehlo.replica_group_mesh_axes<mesh = #stablehlo.mesh<axes = [<name = "x", '
+            'size = 2>, <name = "y", size = 4>]>, axes = [#stablehlo.axis_ref<name = "x">]>')  # fmt: skip
+    assert _explicit_replica_groups(text) == (
+        "replica_groups = dense<[[0, 4], [1, 5], [2, 6], [3, 7]]> : tensor<4x2xi64>"
+    )
+    for layout in (True, False):
+        assert _bools_in_own_layout('dense<"0x01"> : tensor<4xi1>', layout) == 'dense<"0x01"> : tensor<4xi1>'
+    # Eight elements one byte each are unambiguous, and pack into one byte.
+    assert _bools_in_own_layout('dense<"0x0100000000000001"> : tensor<8xi1>', False) == 'dense<"0x81"> : tensor<8xi1>'

@@ -27,7 +27,8 @@ from planner.sharding.shardy import AxisRef, SdyMesh, ShardyTextError, parse_mes
 _BOOL_HEX = re.compile(r'dense<"0x([0-9A-Fa-f]*)">(\s*:\s*tensor<((?:\d+x)*)i1>)')
 _MESH_AXES = re.compile(r"#stablehlo\.replica_group_mesh_axes<")
 _MESH_DECLARATION = re.compile(r'sdy\.mesh\s+@([\w.$-]+)\s*=\s*(<\[(?:[^\]"]|"[^"]*")*\][^>]*>)')
-_MESH_AXIS = re.compile(r'#stablehlo\.mesh_axis<\s*name\s*=\s*"([^"]*)"\s*,\s*size\s*=\s*(\d+)\s*>')
+# Inside a mesh MLIR prints its axes without the attribute's prefix: `<name = "x", size = 2>`.
+_MESH_AXIS = re.compile(r'(?:#stablehlo\.mesh_axis)?<\s*name\s*=\s*"([^"]*)"\s*,\s*size\s*=\s*(\d+)\s*>')
 # `#stablehlo.axis_ref<name = "y">`, or a sub-axis: `<name = "y", sub_axis_info = (1)2>` (pre-size, size).
 _AXIS_REF = re.compile(
     r'#stablehlo\.axis_ref<\s*name\s*=\s*"([^"]*)"\s*(?:,\s*sub_axis_info\s*=\s*\((\d+)\)(\d+)\s*)?>'
@@ -77,9 +78,9 @@ def _bools_in_own_layout(text: str, bytes_per_bool: bool) -> str:
         for size in found.group(3).split("x")[:-1]:
             count *= int(size)
         packed_size = (count + 7) // 8
-        # One byte is ambiguous up to eight elements (a splat, or the packed bits); MLIR prints such small
-        # constants as a literal list anyway, so only a size that is one layout's and not the other's moves.
-        if bytes_per_bool and len(data) == packed_size != count:
+        # One byte is ambiguous up to eight elements (a splat in either layout, or the packed bits); MLIR
+        # prints such small constants as a literal list anyway, so they stay as written.
+        if bytes_per_bool and len(data) == packed_size and count > 8:
             data = bytes((data[i // 8] >> (i % 8)) & 1 for i in range(count))
         elif not bytes_per_bool and len(data) == count != packed_size:
             packed = bytearray(packed_size)
@@ -149,7 +150,7 @@ def _groups(body: str, offset: int, meshes: dict[str, SdyMesh]) -> tuple[tuple[i
         mesh = meshes[symbol.group(1)]
         rest = body[symbol.end() :]
     elif _INLINE_MESH.match(body):
-        inline_end = _closing(body, body.index("<") + 1, 0)
+        inline_end = _closing(body, body.index("<") + 1, offset + body.index("<"))
         mesh = SdyMesh(tuple((name, int(size)) for name, size in _MESH_AXIS.findall(body[: inline_end + 1])))
         rest = body[inline_end + 1 :].lstrip().removeprefix(",")
     else:

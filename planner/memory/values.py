@@ -13,7 +13,7 @@ import re
 
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
-from planner.hlo.opcodes import ELEMENTWISE, has_side_effect
+from planner.hlo.opcodes import ELEMENTWISE
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.hlo.tuple_leaves import leaf_offsets
 from planner.memory.buffers import (
@@ -72,9 +72,8 @@ class ValueModel:
                     self.body_of[inst.attr("condition").names[0]] = inst
         for name in self.walk_order():
             comp = self.module.computation(name)
-            live = _live(comp, self.module)
             for inst in comp.instructions:
-                self._define(comp, inst, inst.name in live)
+                self._define(comp, inst)
         self._outputs_reuse_dying_operands()
 
     def _outputs_reuse_dying_operands(self) -> None:
@@ -134,10 +133,7 @@ class ValueModel:
                     stack += [inst.attr("body").names[0], inst.attr("condition").names[0]]
         return order
 
-    def _define(self, comp: Computation, inst: Instruction, live: bool = True) -> None:
-        """Records `inst`'s values; a dead one (nothing live reads it) gets no memory: XLA's HloDCE removes it
-        before buffer assignment, in every compiler's pipeline. Example: the get-tuple-elements of a loop
-        condition that reads only the counter, which JAX's lowered text keeps and XLA's dump elides."""
+    def _define(self, comp: Computation, inst: Instruction) -> None:
         leaves = array_leaves(inst.shape)
         shardings = leaf_shardings(inst.shape, sharding_of(self.result, inst.name))
         for i, (leaf, s) in enumerate(zip(leaves, shardings)):
@@ -148,8 +144,6 @@ class ValueModel:
             self.size[v] = per_device_bytes(leaf, s)
             self.info[v] = (leaf, s)
         op = inst.opcode
-        if not live:
-            return
         operands = [comp[o] for o in inst.operands]
         if op == "get-tuple-element":
             source = operands[0].shape
@@ -324,24 +318,3 @@ def aliased_outputs(module: HloModule) -> set[int]:
         return set()
     text = getattr(alias, "text", str(alias))
     return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}
-
-
-def _live(comp: Computation, module: HloModule) -> set[str]:
-    """What HloDCE keeps of `comp`: what its root, its parameters and its side effects read, transitively
-    (a While whose body or condition has a side effect counts as one)."""
-
-    def kept(inst: Instruction) -> bool:
-        if inst.opcode == "parameter" or has_side_effect(inst):
-            return True
-        return inst.opcode == "while" and any(
-            has_side_effect(i) for c in inst.called_computations for i in module.computation(c).instructions
-        )
-
-    live: set[str] = set()
-    stack = [comp.root_name, *(i.name for i in comp.instructions if kept(i))]
-    while stack:
-        name = stack.pop()
-        if name not in live:
-            live.add(name)
-            stack += comp[name].operands
-    return live
