@@ -58,8 +58,10 @@ def seeds() -> list[str]:
         + [(SHARED / "corpus" / "torch_xla" / "llama_scan_L4_small.hlo").read_text()]
         # Each release's text of one step: XLA 0.12's `%t#k` operands, Shardy shardings written natively and
         # mesh-axis replica groups; StableHLO with a boolean constant in either hex layout.
-        + [p.read_text() for p in sorted((tests / "fixtures").glob("jax_0_*/*.hlo"))]
         + [p.read_text() for p in sorted((tests / "fixtures").glob("jax_0_*/*.stablehlo.mlir"))]
+        + [p.read_text() for p in sorted((tests / "fixtures").glob("jax_0_7_1/*.hlo"))]
+        # Last: the text the mutations are checked on (tests/test_fuzz_surfaces.py).
+        + [p.read_text() for p in sorted((tests / "fixtures").glob("jax_0_12/*.hlo"))]
     )
 
 

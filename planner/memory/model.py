@@ -31,7 +31,6 @@ from planner.memory.conversions import hoisted_conversions, read_only_by_dots, u
 from planner.memory.schedule import list_schedule, with_schedule
 from planner.memory.values import ValueModel, aliased_outputs
 from planner.mesh import Mesh
-from planner.prepare.dead_code import HloDce
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
 from planner.targets import Backend
@@ -54,8 +53,7 @@ class MemoryEstimate:
     on_chip_bytes: int = 0
     # Each While body's peak of its own buffers, added at its While's position.
     body_peak_bytes: dict[str, int] = field(default_factory=dict)
-    # The module the positions above refer to: dead code removed, each computation in the order kept
-    # (None: the module as given).
+    # The module in the instruction order the positions above refer to (None: as given).
     scheduled: HloModule | None = None
 
     @property
@@ -71,20 +69,11 @@ def estimate_module(
     A compiler that schedules for memory picks, per computation, the order whose heap is smallest: each
     While body (innermost first), then the entry, is measured in its list schedule too and keeps it
     where the step needs less.
-
-    What nothing live reads is measured as gone: every compiler runs XLA's HloDCE after partitioning,
-    before it assigns buffers (the TPU target's pipeline has already run it). Example: the unread
-    get-tuple-elements of a loop condition that JAX's lowered text keeps and XLA's dump elides, whose
-    shardings differ from the tuple's, would otherwise be sized as resharded copies.
     """
-    given = module
-    module = HloDce().run(module).module
     model = ValueModel(module, result)
     model.build()
     estimate = _estimate_in_order(module, result, mesh, target, model)
     if not backend_of(target).schedules_for_memory:
-        if module is not given:
-            estimate.scheduled = module
         return estimate
     bodies = [c for c in _innermost_first(module, model.body_of) if model.body_of[c].attr("body").names[0] == c]
     scheduled = module
@@ -98,7 +87,7 @@ def estimate_module(
         measured = _estimate_in_order(trial, result, mesh, target, model)
         if measured.total_bytes < estimate.total_bytes:
             estimate, scheduled = measured, trial
-    if scheduled is not given:
+    if scheduled is not module:
         estimate.scheduled = scheduled
     return estimate
 
