@@ -13,11 +13,6 @@ and says why.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from planner.hlo.ir import Instruction
-
 _VARIADIC = -1
 
 # fmt: off
@@ -91,18 +86,3 @@ def arity_problem(opcode: str, count: int) -> str | None:
     if opcode in ("reduce", "reduce-window") and count % 2:
         return f"{opcode} takes operands and init values in pairs, got {count} operands"
     return None
-
-
-# Ops XLA never removes as dead code, whatever reads them (HloInstruction::HasSideEffect).
-_SIDE_EFFECTS = frozenset(
-    "send send-done recv recv-done outfeed infeed trace rng rng-get-and-update-state all-reduce-start "
-    "collective-permute-start async-start async-done".split()
-)
-
-
-def has_side_effect(inst: Instruction) -> bool:
-    if inst.opcode in _SIDE_EFFECTS:
-        return True
-    if inst.opcode == "custom-call":
-        return bool(inst.attr("custom_call_has_side_effect"))
-    return False

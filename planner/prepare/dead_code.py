@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.opcodes import has_side_effect
 from planner.hlo.shapes import TupleShape
-from planner.prepare.edit import ComputationEdit, ModuleEdit
+from planner.prepare.edit import ComputationEdit, ModuleEdit, has_side_effect
 from planner.prepare.rewrite import Rewrite
 
 

@@ -18,7 +18,6 @@ import re
 from collections.abc import Iterator
 
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
-from planner.hlo.opcodes import has_side_effect
 from planner.hlo.shapes import Shape, TupleShape
 
 _NUMBERED = re.compile(r"^(.*?)\.(\d+)$")
@@ -267,3 +266,18 @@ def with_attribute(inst: Instruction, key: str, value: object, text: str) -> Ins
     else:
         attrs.append(Attribute(key, value, text))
     return dataclasses.replace(inst, attributes=tuple(attrs))
+
+
+# Ops XLA never removes as dead code, whatever reads them (HloInstruction::HasSideEffect).
+_SIDE_EFFECTS = frozenset(
+    "send send-done recv recv-done outfeed infeed trace rng rng-get-and-update-state all-reduce-start "
+    "collective-permute-start async-start async-done".split()
+)
+
+
+def has_side_effect(inst: Instruction) -> bool:
+    if inst.opcode in _SIDE_EFFECTS:
+        return True
+    if inst.opcode == "custom-call":
+        return bool(inst.attr("custom_call_has_side_effect"))
+    return False

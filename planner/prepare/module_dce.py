@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from planner.hlo.ir import HloModule
-from planner.hlo.opcodes import has_side_effect
 from planner.prepare.dead_code import remove_dead_code, simplify_tuples
-from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element
+from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, has_side_effect
 from planner.prepare.rewrite import Rewrite
 from planner.prepare.while_simplifier import simplify_loops
 from planner.prepare.while_state import LoopView, parameter, whiles
