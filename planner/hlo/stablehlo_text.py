@@ -81,9 +81,7 @@ def read_stablehlo(text: str, source: str = "") -> str:
         try:
             readable = stablehlo_compat.readable_text(text, ir)
         except stablehlo_compat.CompatibilityError as e:
-            line = text.count("\n", 0, e.offset) + 1
-            column = e.offset - (text.rfind("\n", 0, e.offset) + 1) + 1
-            raise _error(text, line, column, f"StableHLO text: {e}", source) from None
+            raise HloParseError.at(text, e.offset, f"StableHLO text: {e}", source) from None
         try:
             module = ir.Module.parse(readable)
         except ir.MLIRError as e:
