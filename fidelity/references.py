@@ -4,7 +4,7 @@ The key of a case hashes its config, the sources that build and record it (model
 the dump readers, the example layer torch_xla runs), the runner's arguments and the versions of the
 front ends and compilers (jax, jaxlib, libtpu, torch, torch_xla). The runners start from an
 environment without the variables that steer them (`record.runner_environment`). A cached
-NAME.hlo / NAME.xla.json (with NAME.tpu_pre_propagation.hlo for a TPU case) under `DIR/KEY/` is
+NAME.hlo / NAME.xla.json (with NAME.tpu_pre_propagation.hlo for a TPU case) under `cache_dir()/KEY/` is
 therefore exactly what the runner would write today.
 """
 
@@ -23,7 +23,6 @@ from fidelity.cases import Case
 from fidelity.generate import PROJECT_ROOT, run_case
 from planner.errors import PlannerError
 
-DEFAULT_CACHE = PROJECT_ROOT / ".cache" / "fidelity"
 # What a fixture is made from, besides its case's config: every module the runners import.
 _SOURCES = ("fidelity/models.py", "fidelity/steps.py", "fidelity/torch_models.py", "fidelity/run_jax.py",
             "fidelity/run_torch_xla.py", "fidelity/record.py", "fidelity/dumps.py", "fidelity/hlo_text.py",
@@ -34,7 +33,13 @@ CACHE_RUNNER_ARGS = ("--tpu-pre-propagation",)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FIDELITY_CACHE", DEFAULT_CACHE))
+    """`FIDELITY_CACHE`, else the user's cache (`~/.cache/spmd-planner/fidelity`): outside the work tree, so
+    that a fresh clone of the project on the same machine (CI's) finds what an earlier one compiled. The
+    content key keeps it right across checkouts: a key names exactly what its files were made from."""
+    if "FIDELITY_CACHE" in os.environ:
+        return Path(os.environ["FIDELITY_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spmd-planner" / "fidelity"
 
 
 def _installed(package: str) -> str:

@@ -27,11 +27,12 @@ from fidelity.agreement import (
     under_sharded_gradients,
     while_shape_mismatches,
 )
-from fidelity.cases import CASES, CI_CASES, Case, case_named
+from fidelity.cases import CASES, CI_CASES, FRONT_ENDS, Case, case_named
 from fidelity.lowered import lowered_form
 from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path, xla_dump_path
 from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
+from fidelity.stack_rows import StackRows, load_rows, save_rows, stack_name
 from planner.hlo.ir import HloModule
 from planner.plan.confirmation import CONFIRMED_SHARE
 from planner.plan.model import Plan
@@ -269,25 +270,46 @@ def _cells(row: Row | None) -> str:
             f"| {shardings} | {gradients} | {_placement(row)} |")  # fmt: skip
 
 
-def render(rows: list[Row]) -> str:
-    lines = [
+def _beside_cells(pair: dict[str, Row], beside: StackRows) -> str:
+    theirs = beside.by_case()
+    if any(r is theirs.get((r.case.name, r.compiler)) for r in pair.values()):
+        return "| (the row itself) | (the row itself) |"
+    cells = []
+    for compiler in ("cpu", "tpu"):
+        row = pair.get(compiler)
+        other = theirs.get((row.case.name, compiler)) if row is not None else None
+        cells.append(f"{_mib(other.compiler_bytes)} ({other.error:+.1%})" if other is not None else "")
+    return "| " + " | ".join(cells) + " |"
+
+
+def render(rows: list[Row], beside: StackRows | None = None) -> str:
+    """One line per case, each compiler's half side by side; with `beside`, two more columns: the compilers'
+    bytes for the case on that other stack (our error there in brackets), or that the row is that stack's."""
+    header = (
         "| case | step | mesh | remat | dtype | partitioner "
         "| XLA:CPU MiB | ours | error | While shapes vs XLA:CPU | shardings = XLA:CPU | under-sharded gradients found "
         "| plan's change set on XLA:CPU, MiB per chip "
         "| chip | XLA:TPU MiB | ours | error | While shapes vs XLA:TPU | shardings = XLA:TPU "
-        "| under-sharded gradients found | plan's change set on XLA:TPU, MiB per chip |",
-        "|---|---|---|---|---|---|---:|---:|---:|---|---|---|---|---|---:|---:|---:|---|---|---|---|",
-    ]
+        "| under-sharded gradients found | plan's change set on XLA:TPU, MiB per chip |"
+    )
+    rule = "|---|---|---|---|---|---|---:|---:|---:|---|---|---|---|---|---:|---:|---:|---|---|---|---|"
+    if beside is not None:
+        header += f" XLA:CPU MiB on {beside.stack} | XLA:TPU MiB on {beside.stack} |"
+        rule += "---:|---:|"
+    lines = [header, rule]
     by_case: dict[str, dict[str, Row]] = {}
     for r in rows:
         by_case.setdefault(r.case.name, {})[r.compiler] = r
     for name, pair in by_case.items():
         c = next(iter(pair.values())).case
         tpu = pair.get("tpu")
-        lines.append(
+        line = (
             f"| {name} | {c.step} | {'x'.join(map(str, c.mesh.shape))} | {c.remat or 'none'} | {c.size.dtype} "
             f"| {c.partitioner} {_cells(pair.get('cpu'))} {tpu.backend if tpu else ''} {_cells(tpu)}"
         )
+        if beside is not None:
+            line += " " + _beside_cells(pair, beside)
+        lines.append(line)
     lines += ["", *_goals(rows), "",
               "| group | cases | max abs error | p90 abs error | within 5% | within 10% |",
               "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -480,9 +502,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", type=Path, help="replace the sweep section of this markdown file")
     ap.add_argument("--no-placements", action="store_true",
                     help="skip compiling the TPU plans' change sets with libtpu")  # fmt: skip
+    ap.add_argument("--front-end", choices=FRONT_ENDS, help="only this front end's cases")
+    ap.add_argument("--save-rows", type=Path, metavar="FILE", help="keep the rows for another stack's sweep")
+    ap.add_argument("--beside", type=Path, metavar="FILE",
+                    help="rows another stack's sweep saved: cases this one lacks, compilers' bytes")  # fmt: skip
     args = ap.parse_args(argv)
+    try:
+        beside = load_rows(args.beside) if args.beside else None
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     names = args.only or (list(CI_CASES) if args.ci else None)
     cases = [case_named(n) for n in names] if names else list(CASES)
+    if args.front_end:
+        cases = [c for c in cases if c.front_end == args.front_end]
     if args.cached:
         cases = [c for c in cases if reference_path(c).with_suffix(".xla.json").exists()]
     failed = ensure_references(cases, args.jobs)
@@ -492,12 +525,21 @@ def main(argv: list[str] | None = None) -> int:
     ensure_stablehlo_forms([c for c in cases if c.front_end == "jax"])
     check = not args.no_placements and libtpu_installed()
     rows = [row for case in cases for row in predict(case, check_placements=check)]
-    table = render(rows)
+    if args.save_rows:
+        save_rows(args.save_rows, rows)
+    measured = {r.case.name for r in rows}
+    if beside is not None:
+        rows += [r for r in beside.rows if r.case.name not in measured]
+    table = render(rows, beside)
     if check and not names:
         table += "\n\n" + mixed_outputs_line()
     print(table)
     if args.write:
-        write_section(args.write, f"{len(cases)} of {len(CASES)} cases.\n\n{table}")
+        counted = f"{len({r.case.name for r in rows})} of {len(CASES)} cases"
+        here = f"measured on {stack_name()}"
+        if beside is not None:
+            here += f"; {len({r.case.name for r in rows} - measured)} more on {beside.stack}"
+        write_section(args.write, f"{counted}, {here}.\n\n{table}")
         write_accuracy(rows)
     return 0
 

@@ -1,6 +1,6 @@
 """HBM per chip against XLA:CPU and XLA:TPU on the sweep's fixed CI subset.
 
-The references are generated on first use (`fidelity.references`, cached under `.cache/fidelity` by
+The references are generated on first use (`fidelity.references`, cached under `~/.cache/spmd-planner/fidelity` by
 the content that makes them): each case is lowered by its real front end, compiled by XLA:CPU on
 virtual devices and, for JAX, by libtpu's ahead-of-time XLA:TPU for its chip's topology.
 """

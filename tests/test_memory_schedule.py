@@ -72,10 +72,11 @@ def test_the_scheduled_order_brings_the_prediction_to_xla_cpu_s(references: None
     result = propagate(prepared)
     as_written = _estimate_in_order(prepared.module, result, prepared.mesh, prepared.target).total_bytes
     scheduled = estimate_memory(prepared, result).total_bytes
-    # Measured: +10.9% and +12.4% of XLA:CPU in program order, +5.2% and +5.6% in the order kept.
+    # Measured: +10.9% and +8.6% of XLA:CPU in program order, +5.2% and +1.8% in the order kept.
     assert len(REORDERED) == 2
-    assert (as_written - xla) / xla > 0.10
+    assert (as_written - xla) / xla > 0.08
     assert abs(scheduled - xla) / xla < 0.06
+    assert (as_written - xla) / xla - abs(scheduled - xla) / xla > 0.05
 
 
 def _scanned_schedule(comp, model: ValueModel) -> list[str]:  # type: ignore[no-untyped-def]

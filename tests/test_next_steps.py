@@ -4,7 +4,7 @@ The step that does not fit: Llama 3.1 405B's layer shapes at sequence 1024 on fs
 chips), no remat, gradients free. Before the plan its gradients do not fit a v6e; after it (every
 gradient pinned) its saved activations do not. Each option is a real step too, lowered by JAX from
 abstract inputs and compiled ahead of time (`fidelity.cases.NEXT_STEP_CASES`, cached by content
-under `.cache/fidelity`). XLA:TPU refuses to compile a step whose temporaries exceed the chip's HBM,
+under `~/.cache/spmd-planner/fidelity`). XLA:TPU refuses to compile a step whose temporaries exceed the chip's HBM,
 so the steps that do not fit a v6e are compiled for a v5p (95 GiB), the same compiler on a larger
 chip, and predicted for v5p there; remat with pinned gradients fits a v6e and is compiled for it.
 """

@@ -63,13 +63,9 @@ def test_gspmd_forms_partition_the_loops_as_xla_cpu_did() -> None:
         assert compared > 0 and misses == [], (form, misses)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the lowered text keeps a loop condition's unread get-tuple-elements (the dump elides them); their "
-    "shardings differ from the tuple's and the memory model sizes them as resharded copies (98,332 vs 86,049 B; "
-    "XLA:CPU allocates 70,100), where XLA's HloDCE removes them before it assigns buffers",
-)
 def test_gspmd_forms_size_alike() -> None:
+    """The lowered text keeps a loop condition's unread get-tuple-elements, which the dump never writes; XLA's
+    HloDCE removes them before it assigns buffers, so both forms hold the same bytes."""
     totals = {form: memory_report(prepare(parse_hlo(_text("gspmd", form)), "cpu")).total_bytes for form in HLO_FORMS}
     assert len(set(totals.values())) == 1, totals
 

@@ -145,6 +145,12 @@ class ValueModel:
             self.info[v] = (leaf, s)
         op = inst.opcode
         operands = [comp[o] for o in inst.operands]
+        if op == "get-tuple-element" and inst.name != comp.root_name and not comp.users(inst.name):
+            # Read by nothing: XLA's HloDCE removes it before buffer assignment, in every compiler's pipeline,
+            # so it holds no memory even where its sharding differs from the tuple's. Example: the
+            # get-tuple-elements of a loop condition that reads only the counter, which JAX's lowered text
+            # keeps and XLA's dump never writes.
+            return
         if op == "get-tuple-element":
             source = operands[0].shape
             assert isinstance(source, TupleShape)
