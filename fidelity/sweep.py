@@ -40,7 +40,8 @@ from planner.plan.verify import libtpu_installed
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult
 
-BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+# The markers of a results file's sweep section; `--section NAME` writes another one beside it.
+SECTION = "sweep"
 
 
 @dataclass(frozen=True)
@@ -483,11 +484,12 @@ def _signed(rows: list[Row]) -> dict[str, Any]:
             "over": math.ceil(max(0.0, *(r.error for r in rows)) * 1e4) / 1e4}  # fmt: skip
 
 
-def write_section(path: Path, table: str) -> None:
+def write_section(path: Path, table: str, name: str = SECTION) -> None:
     text = path.read_text() if path.exists() else ""
-    section = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    section = f"{begin}\n{table}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
@@ -503,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-placements", action="store_true",
                     help="skip compiling the TPU plans' change sets with libtpu")  # fmt: skip
     ap.add_argument("--front-end", choices=FRONT_ENDS, help="only this front end's cases")
+    ap.add_argument("--section", default=SECTION,
+                    help="with --write: the section to write; any but sweep keeps the recorded bands")  # fmt: skip
     ap.add_argument("--save-rows", type=Path, metavar="FILE", help="keep the rows for another stack's sweep")
     ap.add_argument("--beside", type=Path, metavar="FILE",
                     help="rows another stack's sweep saved: cases this one lacks, compilers' bytes")  # fmt: skip
@@ -539,8 +543,9 @@ def main(argv: list[str] | None = None) -> int:
         here = f"measured on {stack_name()}"
         if beside is not None:
             here += f"; {len({r.case.name for r in rows} - measured)} more on {beside.stack}"
-        write_section(args.write, f"{counted}, {here}.\n\n{table}")
-        write_accuracy(rows)
+        write_section(args.write, f"{counted}, {here}.\n\n{table}", args.section)
+        if args.section == SECTION:
+            write_accuracy(rows)
     return 0
 
 
