@@ -550,4 +550,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Through the module's own name, so that the rows `--save-rows` pickles name `fidelity.sweep.Row`, which
+    # another process can load, and not `__main__.Row`.
+    from fidelity import sweep
+
+    sys.exit(sweep.main())
