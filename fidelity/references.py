@@ -22,6 +22,7 @@ from fidelity import torch_xla_tpu
 from fidelity.cases import Case
 from fidelity.generate import PROJECT_ROOT, run_case
 from planner.errors import PlannerError
+from planner.user_dirs import user_cache_dir
 
 # What a fixture is made from, besides its case's config: every module the runners import.
 _SOURCES = ("fidelity/models.py", "fidelity/steps.py", "fidelity/torch_models.py", "fidelity/run_jax.py",
@@ -38,8 +39,7 @@ def cache_dir() -> Path:
     content key keeps it right across checkouts: a key names exactly what its files were made from."""
     if "FIDELITY_CACHE" in os.environ:
         return Path(os.environ["FIDELITY_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spmd-planner" / "fidelity"
+    return user_cache_dir("fidelity")
 
 
 def _installed(package: str) -> str:

@@ -48,16 +48,8 @@ def load_rows(path: Path) -> StackRows:
     """Rows another sweep saved. Pickle, read by the same checkout's classes: a file from an older checkout
     whose rows no longer load is refused with what to do."""
     try:
-        with path.open("rb") as f:
-            saved = _SweepUnpickler(f).load()
+        saved = pickle.loads(path.read_bytes())
         return StackRows(stack=str(saved["stack"]), rows=tuple(saved["rows"]))
     except (OSError, pickle.UnpicklingError, AttributeError, KeyError, TypeError, EOFError) as e:
         problem = f"{path}: not rows a sweep of this checkout saved ({e}); save them again with --save-rows"
         raise ValueError(problem) from e
-
-
-class _SweepUnpickler(pickle.Unpickler):
-    """Rows pickled by `python -m fidelity.sweep` before it ran through its module's own name say `__main__`."""
-
-    def find_class(self, module: str, name: str) -> object:
-        return super().find_class("fidelity.sweep" if module == "__main__" else module, name)

@@ -271,8 +271,8 @@ def _cells(row: Row | None) -> str:
             f"| {shardings} | {gradients} | {_placement(row)} |")  # fmt: skip
 
 
-def _beside_cells(pair: dict[str, Row], beside: StackRows) -> str:
-    theirs = beside.by_case()
+def _beside_cells(pair: dict[str, Row], theirs: dict[tuple[str, str], Row]) -> str:
+    """The other stack's compilers' bytes for the case (`theirs`: its rows by case and compiler)."""
     if any(r is theirs.get((r.case.name, r.compiler)) for r in pair.values()):
         return "| (the row itself) | (the row itself) |"
     cells = []
@@ -298,6 +298,7 @@ def render(rows: list[Row], beside: StackRows | None = None) -> str:
         header += f" XLA:CPU MiB on {beside.stack} | XLA:TPU MiB on {beside.stack} |"
         rule += "---:|---:|"
     lines = [header, rule]
+    theirs = beside.by_case() if beside is not None else {}
     by_case: dict[str, dict[str, Row]] = {}
     for r in rows:
         by_case.setdefault(r.case.name, {})[r.compiler] = r
@@ -309,7 +310,7 @@ def render(rows: list[Row], beside: StackRows | None = None) -> str:
             f"| {c.partitioner} {_cells(pair.get('cpu'))} {tpu.backend if tpu else ''} {_cells(tpu)}"
         )
         if beside is not None:
-            line += " " + _beside_cells(pair, beside)
+            line += " " + _beside_cells(pair, theirs)
         lines.append(line)
     lines += ["", *_goals(rows), "",
               "| group | cases | max abs error | p90 abs error | within 5% | within 10% |",
@@ -539,10 +540,11 @@ def main(argv: list[str] | None = None) -> int:
         table += "\n\n" + mixed_outputs_line()
     print(table)
     if args.write:
-        counted = f"{len({r.case.name for r in rows})} of {len(CASES)} cases"
+        names_shown = {r.case.name for r in rows}
+        counted = f"{len(names_shown)} of {len(CASES)} cases"
         here = f"measured on {stack_name()}"
         if beside is not None:
-            here += f"; {len({r.case.name for r in rows} - measured)} more on {beside.stack}"
+            here += f"; {len(names_shown - measured)} more on {beside.stack}"
         write_section(args.write, f"{counted}, {here}.\n\n{table}", args.section)
         if args.section == SECTION:
             write_accuracy(rows)

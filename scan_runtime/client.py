@@ -15,7 +15,6 @@ cause, and `strict=False` warns and returns no plan, and training goes on as pla
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from planner.mesh import Mesh
 from planner.passes import Planning, Preparation
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
+from planner.user_dirs import user_cache_dir
 
 
 class PlannerUnavailable(RuntimeError):
@@ -52,8 +52,7 @@ class PlanResult:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spmd-planner" / "plans"
+    return user_cache_dir("plans")
 
 
 class PlannerClient:

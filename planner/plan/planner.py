@@ -14,8 +14,8 @@ is nothing for it to save. Pinning every scanned parameter
 an alternative: pins that do nothing alone can pay off together, so when it
 predicts less than doing nothing and no more than the greedy pick (within
 `min_bytes`, the prediction's noise), it is the recommendation instead: it
-pins each gradient itself rather than leaving some to propagation. The patched module carries the recommended
-placements only.
+pins each gradient itself rather than leaving some to propagation. The
+patched module carries the recommended placements only.
 """
 
 from __future__ import annotations
