@@ -211,8 +211,9 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
         return dead and same_elements and named == dump_named
 
     # A Shardy compile's dump is XLA's re-export of the module, under its own names, with each result's
-    # sharding on the root where the lowered text has an `xla.sdy.FuncResultSharding` call (read as a
-    # copy): the same instructions are compared by what they are and how they are split.
+    # sharding on the root where the lowered text has an `xla.sdy.FuncResultSharding` call (read onto the
+    # root too; one with open dims stays a copy): the same instructions are compared by what they are and
+    # how they are split.
     def kinds(instructions: tuple[Any, ...]) -> Counter[tuple[str, Any]]:
         return Counter((i.opcode, i.sharding) for i in instructions if i.opcode not in ("get-tuple-element", "copy"))
 

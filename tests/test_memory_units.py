@@ -89,3 +89,35 @@ ENTRY e {
     assert report.output_bytes == 4096 + 16
     assert report.alias_bytes == 2048
     assert report.total_bytes == report.argument_bytes + report.output_bytes + report.temp_bytes - 2048
+
+
+# A tuple whose elements are read one by one, the first long before the second: XLA's dump writes the
+# log-softmax's results this way (`%t#0` read by the loss, `%t#1` only by the backward).
+TUPLE_READ_APART = """HloModule m, num_partitions=1
+
+ENTRY e {
+  p = f32[1024,1024]{1,0} parameter(0)
+  a = f32[1024,1024]{1,0} negate(p)
+  b = f32[1024,1024]{1,0} exponential(p)
+  t = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(a, b)
+  a0 = f32[1024,1024]{1,0} get-tuple-element(t), index=0
+  s = f32[1024,1024]{1,0} sine(a0)
+  c = f32[1024,1024]{1,0} cosine(s)
+  b1 = f32[1024,1024]{1,0} get-tuple-element(t), index=1
+  ROOT out = f32[1024,1024]{1,0} add(b1, c)
+}
+"""
+
+
+def test_a_tuple_element_dies_at_its_own_last_reader() -> None:
+    """A get-tuple-element uses only the tuple's table, not the elements it does not select (XLA's
+    `HloValue` uses): reading `b` late does not keep `a` alive to that point."""
+    from planner.memory.model import _estimate_in_order
+    from planner.propagation import propagate
+
+    prepared = prepare(parse_hlo(TUPLE_READ_APART), "cpu")
+    estimate = _estimate_in_order(prepared.module, propagate(prepared), None, "cpu")
+    position = {inst.name: k for k, inst in enumerate(prepared.module.entry.instructions)}
+    span = {b.defined_by: (b.start, b.end) for b in estimate.buffers}
+    assert span["a"] == (position["a"], position["s"])
+    assert span["b"] == (position["b"], position["out"])

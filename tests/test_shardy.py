@@ -161,7 +161,8 @@ def test_conversion_matches_xla_export_on_jax_modules(tmp_path_factory: pytest.T
 
 
 def test_sdy_only_module_gets_gspmd_shardings_groups_and_open_dims() -> None:
-    module = to_gspmd(parse_hlo(MODULE))
+    module, gone = to_gspmd(parse_hlo(MODULE))
+    assert gone == {}  # the root is the result's call itself: its copy is the output
     entry = module.entry
     assert entry["p"].sharding == parse_sharding("{devices=[4,2]<=[8]}")
     assert entry["c"].sharding == parse_sharding("{devices=[1,2,4]<=[4,2]T(1,0) last_tile_dim_replicate}")
@@ -173,9 +174,38 @@ def test_sdy_only_module_gets_gspmd_shardings_groups_and_open_dims() -> None:
     assert entry["r"].sharding == parse_sharding("{devices=[8,1]<=[8]}")
 
 
+RESULTS = """HloModule m, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["fsdp"=2, "tp"=4]>}}
+
+ENTRY e {
+  p = f32[8,1024]{1,0} parameter(0), frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{}, {}]>"}
+  q = f32[8,1024]{1,0} parameter(1), frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{}, {\\"fsdp\\"}]>"}
+  a = f32[8,1024]{1,0} add(p, q)
+  m = f32[8,1024]{1,0} multiply(p, q)
+  ra = f32[8,1024]{1,0} custom-call(a), custom_call_target="xla.sdy.FuncResultSharding", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{}, {}]>]>"}
+  rm = f32[8,1024]{1,0} custom-call(m), custom_call_target="xla.sdy.FuncResultSharding", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{?}, {}]>]>"}
+  ROOT t = (f32[8,1024]{1,0}, f32[8,1024]{1,0}) tuple(ra, rm)
+}
+"""
+
+
+def test_function_results_are_the_roots_shardings_not_their_operands() -> None:
+    """XLA's Shardy import makes a closed FuncResultSharding the function's result sharding and returns
+    its operand: `a` is free to take `q`'s split, the output is replicated. One with open dims stays a
+    constraint."""
+    module, gone = to_gspmd(parse_hlo(RESULTS))
+    entry = module.entry
+    assert gone == {"ra": "a"}
+    assert entry.root.operands == ("a", "rm")
+    assert "ra" not in entry and entry["a"].sharding is None
+    assert entry.root.sharding is None  # `rm`'s element has no closed sharding to give the root
+    assert entry["rm"].attr("custom_call_target") == "Sharding"
+    result = propagate(prepare(parse_hlo(RESULTS)))
+    assert result.sharding("a") == parse_sharding("{devices=[1,2,4]<=[8] last_tile_dim_replicate}")
+
+
 def test_gspmd_forms_already_written_are_kept() -> None:
     text = MODULE.replace("parameter(0),", "parameter(0), sharding={replicated},")
-    assert to_gspmd(parse_hlo(text)).entry["p"].sharding == parse_sharding("{replicated}")
+    assert to_gspmd(parse_hlo(text))[0].entry["p"].sharding == parse_sharding("{replicated}")
 
 
 def test_sdy_only_module_propagates() -> None:
@@ -197,5 +227,5 @@ def test_gspmd_module_is_untouched() -> None:
     text = "HloModule m\n\nENTRY e {\n  ROOT p = f32[4] parameter(0), sharding={replicated}\n}\n"
     module = parse_hlo(text)
     assert partitioner_of(module) == "gspmd"
-    assert to_gspmd(module) is module
+    assert to_gspmd(module) == (module, {})
     assert parse_meshes("{}") == {}

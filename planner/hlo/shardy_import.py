@@ -8,7 +8,9 @@ Shardy writes maps onto GSPMD's vocabulary as follows:
 - a `Sharding` custom-call whose Shardy sharding has open dims (`{?}`,
   `{"x", ?}`): those dims become GSPMD's `unspecified_dims`, which JAX writes
   for the same constraint under GSPMD (`P.UNCONSTRAINED`);
-- `xla.sdy.FuncResultSharding` (the function's result sharding): a `Sharding`
+- `xla.sdy.FuncResultSharding` (the function's result sharding): the entry root's sharding of
+  that result, the custom-call gone, as XLA's Shardy import makes it the function's result sharding
+  and returns the operand itself; only where it is not the result (or leaves dims open) a `Sharding`
   custom-call;
 - `xla.sdy.ShardingGroup` (shard_alike): its operand joins a `shard_as`
   group, numbered after the groups the module already has.
@@ -117,18 +119,91 @@ def resolve_mesh(module: HloModule, given: Mesh | None) -> Mesh | None:
     return own
 
 
-def to_gspmd(module: HloModule) -> HloModule:
-    """`module` with its Shardy attributes carried over to GSPMD's (see the module docstring)."""
+def to_gspmd(module: HloModule) -> tuple[HloModule, dict[str, str]]:
+    """`module` with its Shardy attributes carried over to GSPMD's (see the module docstring), and the
+    instructions that went, each to the instruction that now stands for it."""
     if partitioner_of(module) != SHARDY:
-        return module
+        return module, {}
     meshes = module_meshes(module)
+    module, gone = _results_on_root(module, meshes)
     next_group = [_max_group_id(module) + 1]
     group_ids: dict[int, int] = {}
     computations = []
     for comp in module.computations:
         insts = tuple(_convert(comp, inst, meshes, group_ids, next_group) for inst in comp.instructions)
         computations.append(dataclasses.replace(comp, instructions=insts))
-    return dataclasses.replace(module, computations=tuple(computations))
+    return dataclasses.replace(module, computations=tuple(computations)), gone
+
+
+def _results_on_root(module: HloModule, meshes: dict[str, SdyMesh]) -> tuple[HloModule, dict[str, str]]:
+    """The entry's `FuncResultSharding` calls that only the root tuple reads, moved onto the root.
+
+    XLA's Shardy import (`sdy_round_trip/import_shardings.cc`) turns each into the function's result
+    sharding, sets the operand in its place and erases the call: the sharding is the output's, not
+    the operand's. Read as a `Sharding` custom-call instead, it would pin the operand, which XLA's
+    own dump of the same compile (results' shardings on the root tuple) does not: the two forms
+    would propagate differently. Its other readers (JAX's dead `reshape` carrying the GSPMD form of
+    the same sharding) read the operand, as in that dump. A call with open dims stays a `Sharding`
+    custom-call (its open dims then GSPMD's unspecified dims); so does a root that is the call itself
+    (its copy is then the output, with the output's sharding, as XLA's dump writes it).
+    """
+    entry = module.entry
+    root = entry.root
+    if root.opcode != "tuple":
+        return module, {}
+    operands = list(root.operands)
+    element_shardings = _root_element_shardings(root)
+    gone: dict[str, str] = {}
+    for k, name in enumerate(operands):
+        inst = entry[name]
+        sharding = _result_sharding(inst, meshes)
+        if sharding is None:
+            continue
+        gone[name] = inst.operands[0]
+        operands[k] = inst.operands[0]
+        if element_shardings[k] is None:
+            element_shardings[k] = sharding
+    if not gone:
+        return module, {}
+    attrs = [a for a in root.attributes if a.key != "sharding"]
+    if all(s is not None for s in element_shardings):
+        attrs.append(_sharding(HloSharding.tuple_of(tuple(s for s in element_shardings if s is not None))))
+    new_root = dataclasses.replace(root, operands=tuple(operands), attributes=tuple(attrs))
+    instructions = tuple(
+        new_root if i.name == root.name else _reading_through(i, gone) for i in entry.instructions if i.name not in gone
+    )
+    comp = dataclasses.replace(entry, instructions=instructions)
+    computations = tuple(comp if c.name == entry.name else c for c in module.computations)
+    return dataclasses.replace(module, computations=computations), gone
+
+
+def _reading_through(inst: Instruction, gone: dict[str, str]) -> Instruction:
+    """`inst` reading, in place of each erased call, that call's operand."""
+    if not any(o in gone for o in inst.operands):
+        return inst
+    return dataclasses.replace(inst, operands=tuple(gone.get(o, o) for o in inst.operands))
+
+
+def _result_sharding(inst: Instruction, meshes: dict[str, SdyMesh]) -> HloSharding | None:
+    """The result sharding a `FuncResultSharding` call gives, when it closes every dim."""
+    if inst.opcode != "custom-call" or inst.attr("custom_call_target") != FUNC_RESULT_SHARDING:
+        return None
+    attrs = inst.attr("frontend_attributes")
+    if not isinstance(attrs, FrontendAttributes) or attrs.sdy_sharding is None or len(attrs.sdy_sharding) != 1:
+        return inst.sharding
+    if attrs.sdy_sharding[0].open_dims:
+        return None
+    return inst.sharding if inst.sharding is not None else _hlo_sharding(inst, attrs.sdy_sharding, meshes)
+
+
+def _root_element_shardings(root: Instruction) -> list[HloSharding | None]:
+    """Per element of a root tuple, the sharding it carries (None: none)."""
+    s = root.sharding
+    if s is None:
+        return [None] * len(root.operands)
+    if s.is_tuple and len(s.elements) == len(root.operands):
+        return list(s.elements)
+    return [s] * len(root.operands)
 
 
 def _convert(

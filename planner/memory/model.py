@@ -29,7 +29,7 @@ from planner.memory.buffers import (
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
 from planner.memory.schedule import list_schedule, with_schedule
-from planner.memory.values import ValueModel, aliased_outputs
+from planner.memory.values import ValueModel, aliased_outputs, reads_leaf
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
@@ -164,7 +164,8 @@ def _estimate_in_order(
         end = start
         for v in entry_members:
             for user in entry.users(v[1]):
-                end = max(end, positions[user])
+                if reads_leaf(entry, entry[user], v[2]):
+                    end = max(end, positions[user])
         buffer = Buffer(
             len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members
         )
@@ -267,9 +268,9 @@ def _local_peak(
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
     spans = list(transient)
     for b in buffers:
-        names = [v[1] for v in b.values if v[0] == comp.name]
-        start = min(positions[n] for n in names)
-        end = max([start] + [positions[u] for n in names for u in comp.users(n)])
+        start = min(positions[v[1]] for v in b.values if v[0] == comp.name)
+        end = max([start] + [positions[u] for v in b.values if v[0] == comp.name
+                             for u in comp.users(v[1]) if reads_leaf(comp, comp[u], v[2])])  # fmt: skip
         spans.append((start, end, b.size_bytes))
     return peak_of_spans(spans, len(comp.instructions), nested)[0]
 

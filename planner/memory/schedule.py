@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.memory.buffers import Value
-from planner.memory.values import ValueModel
+from planner.memory.values import ValueModel, reads_leaf
 
 
 def list_schedule(comp: Computation, model: ValueModel) -> tuple[Instruction, ...]:
@@ -53,6 +53,8 @@ def list_schedule(comp: Computation, model: ValueModel) -> tuple[Instruction, ..
     for inst in comp.instructions:
         for operand in dict.fromkeys(inst.operands):
             for value in leaves.get(operand, []):
+                if not reads_leaf(comp, inst, value[2]):
+                    continue
                 group = model.uf.find(value)
                 reads[inst.name].add(group)
                 waiting.setdefault(group, set()).add(inst.name)

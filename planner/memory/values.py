@@ -295,6 +295,24 @@ def dead_pass_through(body: Computation, cond: Computation) -> set[int]:
     return dropped
 
 
+def reads_leaf(comp: Computation, user: Instruction, leaf: int) -> bool:
+    """Whether `user` reads leaf `leaf` of its operand (a value's use, as XLA's dataflow counts it).
+
+    A get-tuple-element reads only the tuple's table of pointers: the elements it does not select are
+    not used by it. Without this, a tuple's late get-tuple-element of one element would keep every
+    other element alive to that point. Example: XLA's dump writes the log-softmax's three results as
+    `%t#0`, `%t#1`, `%t#2` operands, each read where it is needed; the get-tuple-element of `#1` just
+    before the backward's use must not hold `#0`'s f32[B,S,V] logits through the peak between them.
+    """
+    if user.opcode != "get-tuple-element":
+        return True
+    source = comp[user.operands[0]].shape
+    if not isinstance(source, TupleShape):
+        return True
+    base = leaf_offsets(source)[user.attr("index")]
+    return base <= leaf < base + len(array_leaves(user.shape))
+
+
 def _only_reader(comp: Computation, members: set[Value]) -> str | None:
     """The one instruction of `comp` that reads the buffer whose values in `comp` are `members`
     (outside the views that share it), or None when there are several or none."""
@@ -302,12 +320,8 @@ def _only_reader(comp: Computation, members: set[Value]) -> str | None:
     for _, name, leaf in members:
         for user in comp.users(name):
             u = comp[user]
-            if u.opcode == "get-tuple-element":
-                source = comp[u.operands[0]].shape
-                assert isinstance(source, TupleShape)
-                base = leaf_offsets(source)[u.attr("index")]
-                if not base <= leaf < base + len(array_leaves(u.shape)):
-                    continue
+            if not reads_leaf(comp, u, leaf):
+                continue
             if any((comp.name, user, k) in members for k in range(len(array_leaves(u.shape)))):
                 continue
             found.add(user)

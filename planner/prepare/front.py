@@ -25,7 +25,8 @@ class ShardyImport:
     def run(self, module: HloModule) -> Rewrite:
         if partitioner_of(module) != SHARDY:
             return Rewrite(module)
-        return Rewrite(to_gspmd(module), summary="Shardy shardings read as GSPMD's")
+        converted, gone = to_gspmd(module)
+        return Rewrite(converted, gone, "Shardy shardings read as GSPMD's")
 
 
 @dataclass(frozen=True)
