@@ -229,3 +229,22 @@ def test_gspmd_module_is_untouched() -> None:
     assert partitioner_of(module) == "gspmd"
     assert to_gspmd(module) == (module, {})
     assert parse_meshes("{}") == {}
+
+
+def test_shardy_lowered_text_says_which_outputs_are_pinned() -> None:
+    """JAX returns a pinned output through a FuncResultSharding call with closed dims; a free one directly or
+    through open dims. `{replicated}` on the root, which JAX writes for both, is not consulted."""
+    from planner.hlo.compile_defaults import output_flags_from_root
+
+    text = RESULTS.replace("HloModule m,", "HloModule jit_step,")
+    assert output_flags_from_root(parse_hlo(text)) == (False, True)
+    direct = text.replace("tuple(ra, rm)", "tuple(ra, m)")
+    assert output_flags_from_root(parse_hlo(direct)) == (False, True)
+    # A scalar returned directly (jax 0.7.1 writes no call for one pinned to P()) follows the others.
+    scalar = (
+        text.replace("ROOT t = (f32[8,1024]{1,0}, f32[8,1024]{1,0}) tuple(ra, rm)",
+                     "s = f32[] constant(1)\n  ROOT t = (f32[], f32[8,1024]{1,0}) tuple(s, ra)")
+    )  # fmt: skip
+    assert output_flags_from_root(parse_hlo(scalar)) == (False, False)
+    free = text.replace("tuple(ra, rm)", "tuple(a, m)")
+    assert output_flags_from_root(parse_hlo(free)) == (True, True)

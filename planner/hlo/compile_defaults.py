@@ -29,8 +29,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from planner.hlo.ir import Attribute, HloModule
+from planner.hlo.frontend_attributes import FrontendAttributes
+from planner.hlo.ir import Attribute, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
+from planner.hlo.shardy_import import FUNC_RESULT_SHARDING, SHARDY, partitioner_of
 from planner.mesh import Mesh
 
 OUTPUT_FLAGS = "allow_spmd_sharding_propagation_to_output"
@@ -70,8 +72,8 @@ def with_jax_compile_defaults(module: HloModule, mesh: Mesh | None = None) -> tu
     if any(a.key == NUM_PARTITIONS for a in added):
         source = "the mesh" if mesh is not None else "the module's shardings"
         note += f"; num_partitions={partitions} from {source}"
-    # With a sharding on the root, every free output read {replicated} there.
-    ambiguous = free if module.entry.root.sharding is not None else []
+    # With a sharding on the root, every free output read {replicated} there (Shardy's calls say which).
+    ambiguous = free if module.entry.root.sharding is not None and partitioner_of(module) != SHARDY else []
     if ambiguous:
         note += (
             f". {_outputs(ambiguous).capitalize()} read {{replicated}}, which JAX writes both for an unspecified "
@@ -82,10 +84,22 @@ def with_jax_compile_defaults(module: HloModule, mesh: Mesh | None = None) -> tu
 
 
 def output_flags_from_root(module: HloModule) -> tuple[bool, ...]:
-    """One flag per output: whether `out_shardings` left it unspecified, as the root's sharding shows."""
+    """One flag per output: whether `out_shardings` left it unspecified, as the root's sharding shows.
+
+    Under Shardy the root's operands say it without the ambiguity of `{replicated}`: JAX returns a pinned
+    output through an `xla.sdy.FuncResultSharding` call, its dims closed, and an unspecified one directly
+    (or through a call whose dims are open). A scalar, replicated either way, jax 0.7.1 returns directly even
+    where it is pinned: it reads as free only where nothing is pinned, as JAX's flags have it."""
     entry = module.entry
     root = entry.root
     operands = root.operands if root.opcode == "tuple" else (root.name,)
+    if partitioner_of(module) == SHARDY:
+        calls = [_left_open(entry[o]) for o in operands]
+        none_pinned = all(calls)
+        return tuple(
+            none_pinned if getattr(entry[o].shape, "rank", 0) == 0 and _is_plain(entry[o]) else open_
+            for o, open_ in zip(operands, calls)
+        )
     sharding = root.sharding
     if sharding is None:
         return (True,) * len(operands)
@@ -100,6 +114,22 @@ def output_flags_from_root(module: HloModule) -> tuple[bool, ...]:
     return tuple(
         s.is_replicated and getattr(entry[o].shape, "dims", None) in sharded_shapes for o, s in zip(operands, leaves)
     )
+
+
+def _is_plain(inst: Instruction) -> bool:
+    """Returned directly, not through a `FuncResultSharding` call."""
+    return not (inst.opcode == "custom-call" and inst.attr("custom_call_target") == FUNC_RESULT_SHARDING)
+
+
+def _left_open(inst: Instruction) -> bool:
+    """Whether a Shardy module returns `inst` free to propagation: not through a `FuncResultSharding` call
+    that closes every dim."""
+    if _is_plain(inst):
+        return True
+    attrs = inst.attr("frontend_attributes")
+    if not isinstance(attrs, FrontendAttributes) or not attrs.sdy_sharding:
+        return inst.sharding is None
+    return any(value.open_dims for value in attrs.sdy_sharding)
 
 
 def _devices_named(module: HloModule) -> int | None:
