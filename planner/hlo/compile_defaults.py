@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from planner.hlo.frontend_attributes import FrontendAttributes
 from planner.hlo.ir import Attribute, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
-from planner.hlo.shardy_import import FUNC_RESULT_SHARDING, SHARDY, partitioner_of
+from planner.hlo.shardy_import import SHARDY, is_func_result, leaves_dims_open, partitioner_of
 from planner.mesh import Mesh
 
 OUTPUT_FLAGS = "allow_spmd_sharding_propagation_to_output"
@@ -94,11 +94,11 @@ def output_flags_from_root(module: HloModule) -> tuple[bool, ...]:
     root = entry.root
     operands = root.operands if root.opcode == "tuple" else (root.name,)
     if partitioner_of(module) == SHARDY:
-        calls = [_left_open(entry[o]) for o in operands]
-        none_pinned = all(calls)
+        left_open = [_left_open(entry[o]) for o in operands]
+        none_pinned = all(left_open)
         return tuple(
-            none_pinned if getattr(entry[o].shape, "rank", 0) == 0 and _is_plain(entry[o]) else open_
-            for o, open_ in zip(operands, calls)
+            none_pinned if getattr(entry[o].shape, "rank", 0) == 0 and not is_func_result(entry[o]) else free
+            for o, free in zip(operands, left_open)
         )
     sharding = root.sharding
     if sharding is None:
@@ -116,20 +116,13 @@ def output_flags_from_root(module: HloModule) -> tuple[bool, ...]:
     )
 
 
-def _is_plain(inst: Instruction) -> bool:
-    """Returned directly, not through a `FuncResultSharding` call."""
-    return not (inst.opcode == "custom-call" and inst.attr("custom_call_target") == FUNC_RESULT_SHARDING)
-
-
 def _left_open(inst: Instruction) -> bool:
-    """Whether a Shardy module returns `inst` free to propagation: not through a `FuncResultSharding` call
-    that closes every dim."""
-    if _is_plain(inst):
+    """Whether a Shardy module returns `inst` free to propagation: directly, or through a `FuncResultSharding`
+    call that leaves a dim open or carries no sharding at all."""
+    if not is_func_result(inst) or leaves_dims_open(inst):
         return True
     attrs = inst.attr("frontend_attributes")
-    if not isinstance(attrs, FrontendAttributes) or not attrs.sdy_sharding:
-        return inst.sharding is None
-    return any(value.open_dims for value in attrs.sdy_sharding)
+    return inst.sharding is None and not (isinstance(attrs, FrontendAttributes) and attrs.sdy_sharding)
 
 
 def _devices_named(module: HloModule) -> int | None:

@@ -184,16 +184,25 @@ def _reading_through(inst: Instruction, gone: dict[str, str]) -> Instruction:
     return dataclasses.replace(inst, operands=tuple(gone.get(o, o) for o in inst.operands))
 
 
+def is_func_result(inst: Instruction) -> bool:
+    """Whether `inst` is an `xla.sdy.FuncResultSharding` call: how JAX returns an output it pins."""
+    return inst.opcode == "custom-call" and inst.attr("custom_call_target") == FUNC_RESULT_SHARDING
+
+
+def leaves_dims_open(inst: Instruction) -> bool:
+    """Whether `inst`'s Shardy sharding leaves a dim open (`{?}`, `{"x", ?}`) for propagation to extend."""
+    attrs = inst.attr("frontend_attributes")
+    return isinstance(attrs, FrontendAttributes) and any(value.open_dims for value in attrs.sdy_sharding or ())
+
+
 def _result_sharding(inst: Instruction, meshes: dict[str, SdyMesh]) -> HloSharding | None:
     """The result sharding a `FuncResultSharding` call gives, when it closes every dim."""
-    if inst.opcode != "custom-call" or inst.attr("custom_call_target") != FUNC_RESULT_SHARDING:
+    if not is_func_result(inst) or leaves_dims_open(inst):
         return None
     attrs = inst.attr("frontend_attributes")
-    if not isinstance(attrs, FrontendAttributes) or attrs.sdy_sharding is None or len(attrs.sdy_sharding) != 1:
+    if inst.sharding is not None or not isinstance(attrs, FrontendAttributes) or not attrs.sdy_sharding:
         return inst.sharding
-    if attrs.sdy_sharding[0].open_dims:
-        return None
-    return inst.sharding if inst.sharding is not None else _hlo_sharding(inst, attrs.sdy_sharding, meshes)
+    return _hlo_sharding(inst, attrs.sdy_sharding, meshes)
 
 
 def _root_element_shardings(root: Instruction) -> list[HloSharding | None]:
@@ -287,4 +296,13 @@ def _max_group_id(module: HloModule) -> int:
     return max(ids, default=-1)
 
 
-__all__ = ["GSPMD", "SHARDY", "module_mesh", "partitioner_of", "resolve_mesh", "to_gspmd"]
+__all__ = [
+    "GSPMD",
+    "SHARDY",
+    "is_func_result",
+    "leaves_dims_open",
+    "module_mesh",
+    "partitioner_of",
+    "resolve_mesh",
+    "to_gspmd",
+]

@@ -268,11 +268,17 @@ def _local_peak(
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
     spans = list(transient)
     for b in buffers:
-        start = min(positions[v[1]] for v in b.values if v[0] == comp.name)
-        end = max([start] + [positions[u] for v in b.values if v[0] == comp.name
-                             for u in comp.users(v[1]) if reads_leaf(comp, comp[u], v[2])])  # fmt: skip
-        spans.append((start, end, b.size_bytes))
+        spans.append((*body_span(comp, positions, b), b.size_bytes))
     return peak_of_spans(spans, len(comp.instructions), nested)[0]
+
+
+def body_span(comp: Computation, positions: dict[str, int], buffer: Buffer) -> tuple[int, int]:
+    """(first, last) position in `comp` at which a buffer local to it is live: from its first value's
+    definition to the last instruction that reads one of its values (`reads_leaf`)."""
+    defined = [v for v in buffer.values if v[0] == comp.name]
+    start = min(positions[v[1]] for v in defined)
+    end = max([start] + [positions[u] for v in defined for u in comp.users(v[1]) if reads_leaf(comp, comp[u], v[2])])
+    return start, end
 
 
 def peak_of_spans(

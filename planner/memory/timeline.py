@@ -33,8 +33,7 @@ from planner.hlo.loops import WhileLoop, while_loops
 from planner.memory.buffers import Buffer
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import widened_bytes
-from planner.memory.model import MemoryEstimate
-from planner.memory.values import reads_leaf
+from planner.memory.model import MemoryEstimate, body_span
 from planner.propagation import PropagationResult
 from planner.targets import Backend
 from planner.targets import backend as backend_of
@@ -128,11 +127,7 @@ def _body_live(
         for b in estimate.buffers:
             if b.start >= 0 or b.computation != name:
                 continue
-            defined = [v for v in b.values if v[0] == name]
-            start = min(positions[v[1]] for v in defined)
-            end = max([start] + [positions[u] for v in defined for u in comp.users(v[1])
-                                 if reads_leaf(comp, comp[u], v[2])])  # fmt: skip
-            spans.append((start, end, b.size_bytes))
+            spans.append((*body_span(comp, positions, b), b.size_bytes))
         out[name] = _live(len(comp.instructions), spans)
     return out
 
