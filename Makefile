@@ -33,9 +33,17 @@ run: $(VENV)/.installed-core $(VENV)/.native
 	@echo
 	@echo "dashboard: $(BIN)/spmd-planner serve, then open http://127.0.0.1:8000/ and plan a dump there"
 
+# The suite on one worker per core (pytest-xdist): most tests wait on a compiler, a server or Ray in a
+# child process, so two workers fill two cores where one leaves them half idle.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+
+# The jax $(JAX_TODAY) environment is made and tested beside the main suite (its output kept in a file
+# and printed after it): both wait on compilers more than they compute. Either one failing fails the run.
 test: lint chromium postgresql $(VENV)/.native
-	$(BIN)/python -m pytest
-	$(MAKE) test-jax-today
+	@rm -f $(VENV_JAX).log; $(MAKE) --no-print-directory test-jax-today > $(VENV_JAX).log 2>&1 & today=$$!; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal; main=$$?; \
+	wait $$today; jax=$$?; echo; echo "make test: the tests on jax $(JAX_TODAY) ($(VENV_JAX).log):"; \
+	cat $(VENV_JAX).log; [ $$main -eq 0 ] && [ $$jax -eq 0 ]
 
 # The JAX extras installed over jax $(JAX_TODAY) must leave it there (tests/test_jax_today.py checks).
 test-jax-today:

@@ -1,6 +1,6 @@
 """Full plan time against XLA's compile of the same module, for three steps users plan.
 
-    .venv/bin/python bench/plan.py [--repeat N] [--no-tpu] [--no-per-mb]
+    .venv/bin/python bench/plan.py [--repeat N] [--no-tpu] [--no-per-mb] [--no-405b]
 
 Steps: the bundled torch_xla dump (8 devices), the public JAX L=8 step (8 devices), and a
 Llama-3.1-405B-shaped JAX step with remat on a 64x4 mesh (256 devices; a fidelity reference,
@@ -199,13 +199,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-tpu", action="store_true", help="skip the TPU compiler's ahead-of-time compile")
     ap.add_argument("--no-per-mb", action="store_true", help="skip the per-MB table over the corpus")
+    # The 405B-shaped step's XLA:TPU compile alone takes about two minutes on two cores.
+    ap.add_argument("--no-405b", action="store_true", help="only the two 8-device steps")
     args = ap.parse_args()
     tpu = has_libtpu() and not args.no_tpu
     print(f"planner core: {native.status()}")
     header = f"{'step':<42} {'plan s':>7} {'sims':>5} {'prop s':>7} {'XLA:CPU s':>10} {'plan/CPU':>9} {'prop/CPU':>9}"
     print(header + (f" {'XLA:TPU s':>10} {'plan/TPU':>9}" if tpu else ""))
     floors: list[tuple[str, float, int, float, float | None]] = []
-    for step in STEPS:
+    for step in STEPS[:2] if args.no_405b else STEPS:
         text = step.text()
         mesh = Mesh.parse(step.mesh)
         runs = [plan_seconds(text, mesh) for _ in range(args.repeat)]

@@ -1,8 +1,9 @@
 """Plan time against module size: every corpus file, smallest to largest, next to XLA's compile of it.
 
-    .venv/bin/python bench/plan_scaling.py
+    .venv/bin/python bench/plan_scaling.py [--sample N]
 
-One cold plan per file (no mesh given: the module's own partition count),
+One cold plan per file (no mesh given: the module's own partition count; `--sample N`: N files
+spread evenly from the smallest to the largest),
 and one jaxlib SPMD compile of the same text. Prints size, instructions,
 plan seconds, XLA seconds and their ratio, and microseconds of planning per
 instruction, to show how planning grows with the module.
@@ -10,6 +11,7 @@ instruction, to show how planning grows with the module.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -30,8 +32,20 @@ from planner.sharding import clear_caches  # noqa: E402
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 
 
+def spread(files: list[Path], count: int | None) -> list[Path]:
+    """`count` of the size-ordered files, the smallest and the largest always among them."""
+    if count is None or count >= len(files):
+        return files
+    if count <= 1:
+        return files[-1:]
+    return [files[round(i * (len(files) - 1) / (count - 1))] for i in range(count)]
+
+
 def main() -> int:
-    files = sorted((SHARED / "corpus").glob("*/*.hlo"), key=lambda p: p.stat().st_size)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sample", type=int, metavar="N", help="only N files, spread over the sizes")
+    args = ap.parse_args()
+    files = spread(sorted((SHARED / "corpus").glob("*/*.hlo"), key=lambda p: p.stat().st_size), args.sample)
     print(f"{'file':<46} {'KB':>6} {'instrs':>7} {'plan s':>7} {'XLA s':>7} {'plan/XLA':>9} {'us/instr':>9}")
     for path in files:
         text = for_jaxlib_0_7(path.read_text())
