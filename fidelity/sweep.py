@@ -5,8 +5,9 @@
 Generates whatever references the cache lacks (`fidelity.references`), then predicts every case for
 XLA:CPU and, where the case was compiled for a TPU chip, for XLA:TPU, and prints one row per case and
 backend with the error distribution (max, p90, by family and by backend). `--write` replaces the
-sweep's section of a results file with the same table and records the error band per compiler in
-`planner/data/memory_accuracy.json`, which memory reports quote.
+sweep's section of a results file with the same table and, unless the run was limited to chosen cases
+(`--ci`, `--only`), records each kind of step's error band in `planner/data/memory_accuracy.json`, which
+memory reports and verdicts quote (`write_accuracy`: each kind on the newest jax that measured it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -460,19 +462,43 @@ def _recommendations(rows: list[Row], compiler: str) -> str:
 
 
 def write_accuracy(rows: list[Row]) -> None:
+    """Record each kind of step's error band, measured on the newest stack its users have.
+
+    JAX and torch_xla users compile on different stacks (jax 0.12 with its libtpu; torch_xla 2.9 with the
+    jax 0.7.1 it pins), and no one sweep runs both. So each kind (`partitioner/front end`) keeps the rows of
+    the newest jax that measured it: a sweep on an older stack leaves a newer one's band where it is, and a
+    kind this sweep did not measure keeps what the file has. The compiler's overall band is taken over the
+    errors every kind kept."""
     from planner.memory.report import ACCURACY_FILE
 
+    recorded = json.loads(ACCURACY_FILE.read_text()) if ACCURACY_FILE.exists() else {}
+    stack = stack_name()
     bands: dict[str, dict[str, Any]] = {}
     for compiler in ("cpu", "tpu"):
+        kinds: dict[str, dict[str, Any]] = dict(recorded.get(compiler, {}).get("kinds", {}))
         mine = [r for r in rows if r.compiler == compiler]
-        if not mine:
-            continue
-        errors = [abs(r.error) for r in mine]
-        bands[compiler] = {"num_cases": len(errors), "p90": round(_percentile(errors, 0.9), 4),
-                           "max": round(max(errors), 4), **_signed(mine), "kinds": {}}  # fmt: skip
         for kind in sorted({_kind(r.case) for r in mine}):
-            bands[compiler]["kinds"][kind] = _signed([r for r in mine if _kind(r.case) == kind])
+            before = kinds.get(kind)
+            if before is not None and _jax_of(before.get("stack", "")) > _jax_of(stack):
+                continue
+            measured = [r for r in mine if _kind(r.case) == kind]
+            kinds[kind] = {**_signed(measured), "stack": stack,
+                           "errors": sorted(round(abs(r.error), 4) for r in measured)}  # fmt: skip
+        errors = [e for band in kinds.values() for e in band.get("errors", ())]
+        if not errors:
+            continue
+        bands[compiler] = {"num_cases": len(errors), "p90": _percentile(errors, 0.9), "max": max(errors),
+                           "under": min(band["under"] for band in kinds.values()),
+                           "over": max(band["over"] for band in kinds.values()), "kinds": kinds}  # fmt: skip
     ACCURACY_FILE.write_text(json.dumps(bands, indent=1) + "\n")
+
+
+def _jax_of(stack: str) -> tuple[int, ...]:
+    """The jax release a stack name (`stack_name()`) says, as numbers; () when it names none."""
+    for part in stack.split(", "):
+        if part.startswith("jax "):
+            return tuple(int(n) for n in re.findall(r"\d+", part.removeprefix("jax ")))
+    return ()
 
 
 def _kind(case: Case) -> str:
@@ -508,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip compiling the TPU plans' change sets with libtpu")  # fmt: skip
     ap.add_argument("--front-end", choices=FRONT_ENDS, help="only this front end's cases")
     ap.add_argument("--section", default=SECTION,
-                    help="with --write: the section to write; any but sweep keeps the recorded bands")  # fmt: skip
+                    help="with --write: the section of the file to write")  # fmt: skip
     ap.add_argument("--save-rows", type=Path, metavar="FILE", help="keep the rows for another stack's sweep")
     ap.add_argument("--beside", type=Path, metavar="FILE",
                     help="rows another stack's sweep saved: cases this one lacks, compilers' bytes")  # fmt: skip
@@ -534,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_rows:
         save_rows(args.save_rows, rows)
     measured = {r.case.name for r in rows}
+    own = list(rows)
     if beside is not None:
         rows += [r for r in beside.rows if r.case.name not in measured]
     table = render(rows, beside)
@@ -547,8 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         if beside is not None:
             here += f"; {len(names_shown - measured)} more on {beside.stack}"
         write_section(args.write, f"{counted}, {here}.\n\n{table}", args.section)
-        if args.section == SECTION:
-            write_accuracy(rows)
+        if not names:
+            # A chosen few cases are not a kind's band; another stack's rows are that stack's to record.
+            write_accuracy(own)
     return 0
 
 
