@@ -25,6 +25,7 @@ import contextlib
 import gzip
 import io
 import json
+import os
 import random
 import re
 import signal
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 sys.path.insert(0, str(REPO))
 
 SECONDS_PER_INPUT = 60
