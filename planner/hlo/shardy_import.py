@@ -1,7 +1,8 @@
-"""A Shardy module in GSPMD's terms, so that GSPMD's propagation rules can run on it.
+"""A Shardy module in GSPMD's terms: the reading plans, placements and the memory model speak of.
 
-Plans of Shardy modules are simulated with GSPMD's rules (and say so). What
-Shardy writes maps onto GSPMD's vocabulary as follows:
+Shardy modules are propagated by Shardy's own rules (`planner.propagation.shardy`) on the module as
+written; its decisions come back as HloShardings over this reading of it. What Shardy writes maps
+onto GSPMD's vocabulary as follows:
 - `xla.sdy.sharding` on an instruction with no `sharding=`: that sharding, as
   an HloSharding (JAX writes both forms; XLA's own Shardy dumps may carry only
   the Shardy one);

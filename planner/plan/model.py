@@ -267,7 +267,7 @@ class Plan(BaseModel):
     mesh: str | None
     partitioner: str = Field(
         default="gspmd",
-        description="the partitioner the module was written for (`shardy, simulated with GSPMD rules` for Shardy)",
+        description="the partitioner the module was written for and simulated with (`gspmd` or `shardy`)",
     )
     loops: list[LoopInfo]
     hbm: HbmInfo

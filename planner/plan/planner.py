@@ -28,7 +28,7 @@ from planner.errors import PlanningError, Unverifiable
 from planner.gc_pause import collection_paused
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
-from planner.hlo.shardy_import import SHARDY, partitioner_of
+from planner.hlo.shardy_import import partitioner_of
 from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report, memory_timeline
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine
@@ -404,8 +404,6 @@ def _greedy(
 
 
 def _partitioner_note(module: HloModule) -> str:
-    if partitioner_of(module) == SHARDY:
-        return "shardy, simulated with GSPMD rules"
     return partitioner_of(module)
 
 

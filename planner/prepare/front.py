@@ -13,10 +13,11 @@ from planner.prepare.rewrite import Rewrite
 
 @dataclass(frozen=True)
 class ShardyImport:
-    """Shardy's attributes (`xla.sdy.*`) read as the GSPMD shardings the simulator's rules take.
+    """Shardy's attributes (`xla.sdy.*`) read as the GSPMD shardings everything after propagation reads.
 
     Not a pass of either compiler: XLA exports Shardy's shardings to HloSharding only after Shardy
-    has propagated. Plans of Shardy modules say they are simulated with GSPMD's rules.
+    has propagated. A Shardy module is propagated by Shardy's rules on the module as it was
+    (`PreparedModule.shardy`); this reading is the module plans, placements and memory speak of.
     """
 
     NAME: ClassVar[str] = "shardy-import"

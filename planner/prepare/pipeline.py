@@ -17,7 +17,7 @@ from planner.hlo.compile_defaults import with_jax_compile_defaults
 from planner.hlo.inline import resolve_chains
 from planner.hlo.ir import HloModule
 from planner.hlo.loops import while_loops
-from planner.hlo.shardy_import import resolve_mesh
+from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh
 from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
 from planner.prepare.algebraic_simplifier import AlgebraicSimplifier
@@ -134,8 +134,16 @@ def prepare(
     warnings = tuple(assumed) + tuple(mesh_warnings(module, mesh))
     mesh = resolve_mesh(module, mesh)
     _check_partitions(module, mesh)
-    front, aliases, records = _run(module, (ShardyImport(),) if pass_input else FRONT_PASSES)
     options = options if options is not None else PropagationOptions.from_module(module)
+    if partitioner_of(module) == SHARDY and not pass_input:
+        # Shardy propagates the module as the compiler's passes leave it, Shardy's attributes and all;
+        # everything after propagation reads that module as GSPMD's (`prepare.front.ShardyImport`).
+        shardy_front, aliases, records = _run(module, (CallInlining(),))
+        front = ShardyImport().run(shardy_front).module
+        return _target_passes(
+            module, front, backend, mesh, options, aliases, records, warnings, disabled, shardy_front=shardy_front
+        )
+    front, aliases, records = _run(module, (ShardyImport(),) if pass_input else FRONT_PASSES)
     if pass_input:
         return PreparedModule(module, front, front, backend, mesh, options, aliases, while_loops(front),
                               tuple(records), warnings)  # fmt: skip
@@ -163,7 +171,10 @@ def annotate(prepared: PreparedModule, write: Callable[[HloModule], HloModule]) 
     the passes keep the names of the instructions and computations they do not remove.
     """
     module = write(prepared.module)
-    return dataclasses.replace(prepared, front=write(prepared.front), module=module, loops=while_loops(module))
+    shardy = write(prepared.shardy) if prepared.shardy is not None else None
+    return dataclasses.replace(
+        prepared, front=write(prepared.front), module=module, loops=while_loops(module), shardy=shardy
+    )
 
 
 def _target_passes(
@@ -176,12 +187,20 @@ def _target_passes(
     records: Sequence[PassRecord],
     warnings: tuple[str, ...],
     disabled: frozenset[str] = frozenset(),
+    shardy_front: HloModule | None = None,
 ) -> PreparedModule:
-    passes = _without(TARGET_PASSES[backend.compiler], disabled)
+    passes = _without(_pipeline_for(backend.compiler, shardy_front is not None), disabled)
     if backend.compiler == "tpu" and AddedRootsLast.NAME not in disabled:
         # XLA's list order of what its passes added (see list_order.py): needs the module as written.
         passes = (*passes, AddedRootsLast.of(source))
-    module, target_aliases, target_records = _run(front, passes)
+    shardy: HloModule | None = None
+    if shardy_front is not None:
+        shardy, target_aliases, target_records = _run(shardy_front, passes)
+        read = ShardyImport().run(shardy)
+        module = read.module
+        target_aliases = {**target_aliases, **read.renamed}
+    else:
+        module, target_aliases, target_records = _run(front, passes)
     merged = dict(aliases)
     merged.update(target_aliases)
     # A pass may give a new instruction a name an earlier one retired: the live instruction owns it.
@@ -199,7 +218,17 @@ def _target_passes(
         passes=(*records, *target_records),
         warnings=warnings,
         disabled=disabled,
+        shardy=shardy,
     )
+
+
+def _pipeline_for(compiler: str, shardy: bool) -> tuple[ModulePass, ...]:
+    """The compiler's passes for the partitioner: with Shardy, XLA:TPU runs no `hlo-constant-splitter`
+    (Shardy's import splits constants per use itself, `constant_or_scalar_splitter.cc`)."""
+    passes = TARGET_PASSES[compiler]
+    if shardy:
+        passes = tuple(p for p in passes if not isinstance(p, HloConstantSplitter))
+    return passes
 
 
 def _without(passes: Sequence[ModulePass], disabled: frozenset[str]) -> tuple[ModulePass, ...]:

@@ -43,6 +43,9 @@ class PreparedModule:
     passes: tuple[PassRecord, ...] = ()
     warnings: tuple[str, ...] = field(default=())
     disabled: frozenset[str] = frozenset()  # target passes not run (`prepare`'s `disabled`)
+    # A Shardy module as Shardy propagates it: `module` before it was read as GSPMD's, with the same
+    # instruction names (None: propagate `module` with GSPMD's rules).
+    shardy: HloModule | None = None
 
     @property
     def compiler(self) -> str:

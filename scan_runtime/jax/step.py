@@ -3,8 +3,8 @@
 The step is `jax.value_and_grad(loss_fn)(params, *batch)`, lowered by `jax.jit` and never compiled or run:
 its outputs are the loss and then the gradients in the order of params' leaves, which is what the manifest
 says (`step_manifest`: output i + 1 is the gradient of leaf i, named by its path, with the partition spec
-of its `NamedSharding`). The partitioner is JAX's own setting (`jax_use_shardy_partitioner`): a Shardy
-step is simulated with GSPMD's rules (the plan's `partitioner` says so), so check it with a compile.
+of its `NamedSharding`). The partitioner is JAX's own setting (`jax_use_shardy_partitioner`), and the step
+is simulated with that partitioner's rules (the plan's `partitioner` says which).
 """
 
 from __future__ import annotations

@@ -1,0 +1,199 @@
+"""Shardy's own propagation lit tests, run through our Shardy engine and scored per value.
+
+The cases (`shared/shardy_cases/shardy_propagation_cases.json`) hold each test function as a module
+(StableHLO with Shardy attributes, ops named `l<line>c<col>` after the test file), the passes its RUN
+line applies, and the sharding jaxlib's real Shardy passes give each value (`expect`). A module is
+read the way the planner reads any StableHLO (converted to HLO by jaxlib), propagated by
+`planner.propagation.shardy`, and each expected value compared as Shardy prints it; a value we leave
+without a sharding is a miss.
+
+A data-flow edge the test wrote as its own op (`sdy.data_flow_edge %while#1`) is gone from the module
+the cases hold; its expectation is keyed by the edge's location. Edges follow their loop or branch in
+the test file, one per result in result order, so such a key is matched to the nearest loop or branch
+above it, and to its result by its rank among that op's edge keys, counting only results whose HLO
+expectation (`expect_hlo`) is sharded when those are fewer than the results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.hlo.parser import parse_hlo
+from planner.hlo.shardy_import import module_meshes
+from planner.hlo.stablehlo_text import read_stablehlo
+from planner.propagation.shardy.pipeline import apply_sharding_constraints, run_export, run_import
+from planner.propagation.shardy.program import build_program, instruction_id
+from planner.propagation.shardy.schedule import propagate
+from planner.propagation.shardy.state_text import edge_shardings, expectations, sharding_text
+from planner.sharding.shardy import SdyMesh, parse_mesh, parse_sharding, to_hlo_sharding
+
+_LOC = re.compile(r"l(\d+)c(\d+)")
+_SPACE = re.compile(r"\s+")
+_MESH = re.compile(r"sdy\.mesh @([\w.$-]+) = (<[^\n]*>) loc")
+
+
+@dataclass(frozen=True)
+class Passes:
+    """What a RUN line's pipeline asks of the engine."""
+
+    propagation: str  # basic / aggressive / op-priority / user-priority
+    strategy: str = "aggressive"
+    conservative: bool = False
+    edges_sunk: bool = False
+    pipeline: bool = False  # import and export around propagation
+    apply_constraints: bool = False
+
+
+def passes_of(pipeline: str) -> Passes:
+    conservative = "conservative-propagation=true" in pipeline
+    sunk = "sdy-sink-data-flow-edges" in pipeline
+    constraints = "sdy-apply-sharding-constraints" in pipeline
+    if "sdy-propagation-pipeline" in pipeline:
+        return Passes("user-priority", edges_sunk=True, pipeline=True)
+    if "sdy-user-priority-propagate" in pipeline:
+        return Passes("user-priority", conservative=conservative, edges_sunk=sunk)
+    if "sdy-op-priority-propagate" in pipeline:
+        return Passes("op-priority", conservative=conservative, edges_sunk=sunk)
+    if "sdy-aggressive-propagate" in pipeline:
+        strategy = "basic" if "propagation-strategy=basic}" in pipeline else "aggressive"
+        return Passes(
+            "aggressive", strategy=strategy, conservative=conservative, edges_sunk=sunk, apply_constraints=constraints
+        )
+    if "sdy-basic-propagate" in pipeline:
+        return Passes("basic", strategy="basic", conservative=conservative, edges_sunk=sunk)
+    raise ValueError(f"no propagation pass in {pipeline!r}")
+
+
+@dataclass
+class CaseResult:
+    name: str
+    source: str
+    expected: dict[str, str]
+    got: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    # The meshes as the test declares them, and as the module read through HLO names them.
+    test_meshes: dict[str, SdyMesh] = field(default_factory=dict)
+    module_meshes: dict[str, SdyMesh] = field(default_factory=dict)
+
+    def agrees(self, key: str) -> bool:
+        expected, got = self.expected[key], self.got.get(key)
+        if got is None:
+            return False
+        if _SPACE.sub("", expected) == _SPACE.sub("", got):
+            return True
+        return _same_placement(expected, got, self.test_meshes, self.module_meshes)
+
+    @property
+    def matched(self) -> list[str]:
+        return [k for k in self.expected if self.agrees(k)]
+
+    @property
+    def missed(self) -> list[str]:
+        return [k for k in self.expected if not self.agrees(k)]
+
+
+def _same_placement(expected: str, got: str, test_meshes: dict[str, SdyMesh], meshes: dict[str, SdyMesh]) -> bool:
+    """Equal up to the mesh's name: same devices per shard and the same open dims.
+
+    Converting to HLO unifies meshes that only rename or split one another's axes (XLA's round trip
+    keeps one mesh per device count: `@mesh_a_2_b_2 [{"a"}, {"b"}]` arrives as `@mesh_a_4
+    [{"a":(1)2}, {"a":(2)2}]`), so a value is compared by what it places where, and whether each dim
+    may still grow, rather than by its text.
+    """
+    try:
+        want, have = parse_sharding(expected), parse_sharding(got)
+    except ValueError:
+        return False
+    if len(want) != len(have):
+        return False
+    for w, h in zip(want, have, strict=True):
+        if w.mesh == h.mesh:
+            return False  # same mesh: the text must be equal
+        if w.open_dims != h.open_dims or len(w.dims) != len(h.dims):
+            return False
+        try:
+            same = to_hlo_sharding(w, test_meshes, len(w.dims)) == to_hlo_sharding(h, meshes, len(h.dims))
+        except (KeyError, ValueError):
+            return False
+        if not same:
+            return False
+    return True
+
+
+def declared_meshes(module_text: str) -> dict[str, SdyMesh]:
+    return {name: parse_mesh(body) for name, body in _MESH.findall(module_text)}
+
+
+def load_cases(path: Path) -> list[dict]:
+    cases = json.loads(path.read_text())["cases"]
+    return [c for c in cases if c["kind"] != "rule" and c.get("expect")]
+
+
+def _line(key: str) -> int:
+    m = _LOC.match(key)
+    return int(m.group(1)) if m else -1
+
+
+def _edge_keys(case: dict, module_text: str, edges: dict[str, list]) -> dict[str, tuple[str, int]]:
+    """Expectation keys naming edge ops absent from the module -> (loop or branch location, result)."""
+    present = set(re.findall(r'loc\("(l\d+c\d+)"\)', module_text))
+    missing = sorted((k for k in case["expect"] if not k.startswith("@") and k.split(":")[0] not in present), key=_line)
+    owners = sorted(edges, key=_line)
+    by_owner: dict[str, list[str]] = {}
+    for key in missing:
+        above = [o for o in owners if _line(o) < _line(key)]
+        if above:
+            by_owner.setdefault(above[-1], []).append(key)
+    out: dict[str, tuple[str, int]] = {}
+    for owner, keys in by_owner.items():
+        results = list(range(len(edges[owner])))
+        hlo = (case.get("expect_hlo") or {}).get(owner)
+        if hlo and hlo.startswith("{{") and len(keys) < len(results):
+            elements = re.findall(r"\{[^{}]*\}", hlo[1:-1])
+            sharded = [i for i, e in enumerate(elements) if e != "{replicated}"]
+            if len(sharded) == len(keys):
+                results = sharded
+        for key, result in zip(keys, results, strict=False):
+            out[key] = (owner, result)
+    return out
+
+
+def run_case(case: dict) -> CaseResult:
+    result = CaseResult(case["name"], case["source"], dict(case["expect"]))
+    try:
+        passes = passes_of(case["pipeline"])
+        module = parse_hlo(read_stablehlo(case["module"]))
+        result.test_meshes = declared_meshes(case["module"])
+        result.module_meshes = module_meshes(module)
+        program = build_program(module, result.module_meshes, order_key=instruction_id)
+        if passes.pipeline:
+            run_import(program)
+        elif passes.apply_constraints:
+            apply_sharding_constraints(program)
+        propagate(program, passes.propagation, passes.strategy, passes.conservative)
+        if passes.pipeline:
+            run_export(program)
+        result.got = expectations(program, passes.edges_sunk, constraints_as_reshards=passes.pipeline)
+        edges = edge_shardings(program)
+        for key, (owner, index) in _edge_keys(case, case["module"], edges).items():
+            sharding = edges[owner][index] if index < len(edges[owner]) else None
+            if sharding is not None:
+                result.got[key] = sharding_text(sharding)
+    except Exception as error:  # a case that fails to run is reported, never dropped
+        result.error = f"{type(error).__name__}: {error}"
+    return result
+
+
+def score(results: list[CaseResult]) -> dict[str, tuple[int, int]]:
+    """Per test file (and overall under "*"): matched values, expected values."""
+    out: dict[str, list[int]] = {}
+    for r in results:
+        for key in (Path(r.source).name, "*"):
+            counts = out.setdefault(key, [0, 0])
+            counts[0] += len(r.matched)
+            counts[1] += len(r.expected)
+    return {k: (v[0], v[1]) for k, v in out.items()}

@@ -1,0 +1,301 @@
+"""Shardy's propagation driver: one greedy worklist sweep over the program per strategy and step.
+
+Each op is visited in program order; propagating along it may change operand and result shardings,
+and every change re-queues the ops that read or define the changed value (and, for a value fed to a
+loop or branch, its data-flow edge). The queue is MLIR's greedy rewrite worklist: last in, first out,
+and an op already queued keeps its place. Before and after the sweep the function's result shardings
+are exchanged with the returned values as through an identity op. Sharding groups (`shard_alike`)
+keep every member at the sharding of the last one changed. (`basic_propagation.cc` in Shardy.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.shapes import ArrayShape
+from planner.propagation.shardy.factor_propagation import Direction, Update, propagate_aggressive, propagate_basic
+from planner.propagation.shardy.program import BARRIER, EDGE, SHARDING_CONSTRAINT, Op, Program, Value
+from planner.propagation.shardy.projection import ShardingProjection
+from planner.propagation.shardy.registry import sharding_rule
+from planner.propagation.shardy.rule import OpShardingRule, pointwise_rule
+from planner.sharding.shardy import SdyMesh, TensorSharding
+
+Strategy = Callable[..., Update]
+DirectionFn = Callable[[Op, int], Direction]
+
+_ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
+
+
+def is_elementwise(op: Op) -> bool:
+    """Element-wise for the op-priority schedule and the aggressive tie-break (`isElementwise`)."""
+    if op.kind == BARRIER:
+        return True
+    inst = op.inst
+    if inst is None or op.kind == EDGE:
+        return False
+    if inst.opcode == "custom-call":
+        return inst.attr("custom_call_target") == SHARDING_CONSTRAINT
+    if inst.opcode == "bitcast-convert":
+        return op.operands[0].dims == op.results[0].dims
+    return inst.opcode in _ELEMENTWISE
+
+
+def rule_of(op: Op, conservative: bool) -> OpShardingRule | None:
+    if op.rule_known:
+        return op.rule
+    op.rule_known = True
+    if op.kind in (EDGE, BARRIER) or (
+        op.inst is not None
+        and op.inst.opcode == "custom-call"
+        and op.inst.attr("custom_call_target") == SHARDING_CONSTRAINT
+    ):
+        dims = op.results[0].dims
+        op.rule = pointwise_rule(dims or (), len(op.operands), 1) if dims is not None else None
+        return op.rule
+    if any(v.dims is None for v in (*op.operands, *op.results)) or op.inst is None:
+        return None
+    operand_shapes = [v.array or ArrayShape("f32", v.dims or ()) for v in op.operands]
+    result_shapes = [v.array or ArrayShape("f32", v.dims or ()) for v in op.results]
+    op.rule = sharding_rule(
+        op.inst, operand_shapes, result_shapes, conservative=conservative, computation=op.computation
+    )
+    return op.rule
+
+
+def _mesh_of(sharding: TensorSharding, meshes: dict[str, SdyMesh]) -> SdyMesh:
+    return sharding.mesh if isinstance(sharding.mesh, SdyMesh) else meshes[sharding.mesh]
+
+
+def common_mesh(
+    shardings: list[TensorSharding | None], meshes: dict[str, SdyMesh]
+) -> tuple[str | SdyMesh, SdyMesh] | None:
+    """The mesh every sharded tensor of an op uses (`getCommonMeshName`); empty meshes defer to others."""
+    found: tuple[str | SdyMesh, SdyMesh] | None = None
+    for sharding in shardings:
+        if sharding is None:
+            continue
+        mesh = _mesh_of(sharding, meshes)
+        if found is None or _is_empty(found[1]):
+            found = (sharding.mesh, mesh)
+            continue
+        if _is_empty(mesh):
+            continue
+        if mesh != found[1]:
+            return None
+    return found
+
+
+def _is_empty(mesh: SdyMesh) -> bool:
+    """`<[]>`: no axes and no device (a maximal mesh names its one device and is not empty)."""
+    return not mesh.axes and not mesh.device_ids
+
+
+def _all_empty(sharding: TensorSharding) -> bool:
+    return all(not d.axes for d in sharding.dims)
+
+
+class Propagation:
+    """One run of the driver: a strategy, a direction filter and the program's state."""
+
+    def __init__(
+        self,
+        program: Program,
+        strategy: Strategy,
+        direction: DirectionFn,
+        conservative: bool = False,
+    ) -> None:
+        self.program = program
+        self.strategy = strategy
+        self.direction = direction
+        self.conservative = conservative
+        self.group_of: dict[int, int] = {}
+        for gid, members in program.groups.items():
+            for member in members:
+                self.group_of[member.index] = gid
+        self._stack: list[Op] = []
+        self._queued: set[int] = set()
+        self._current: Op | None = None
+
+    # --- the worklist ------------------------------------------------------------------------
+
+    def _push(self, op: Op | None) -> None:
+        if op is None or op is self._current or id(op) in self._queued:
+            return
+        self._queued.add(id(op))
+        self._stack.append(op)
+
+    def _notify_users(self, value: Value) -> None:
+        for op in reversed(value.uses):
+            self._push(op)
+
+    def _notify_changed(self, value: Value) -> None:
+        defining = value.defining
+        if defining is not None and defining.kind == EDGE:
+            for op in reversed(value.target_uses):
+                self._push(op)
+        self._push(defining)
+        self._notify_users(value)
+
+    def run(self) -> None:
+        self.func_results()
+        self._stack = list(reversed(self.program.ops))
+        self._queued = {id(op) for op in self._stack}
+        while self._stack:
+            op = self._stack.pop()
+            self._queued.discard(id(op))
+            self._current = op
+            self.propagate_op(op, notify=True)
+        self._current = None
+        self.func_results()
+
+    # --- one op ------------------------------------------------------------------------------
+
+    def propagate_op(self, op: Op, notify: bool) -> bool:
+        rule = rule_of(op, self.conservative)
+        if rule is None:
+            return False
+        operands, results = op.operands, op.results
+        if op.kind == BARRIER:
+
+            def direction(f: int) -> Direction:
+                return op.allowed
+        else:
+
+            def direction(f: int) -> Direction:
+                return self.direction(op, f)
+
+        if op.kind == EDGE and op.before is not None and op.after is not None:
+            before, after = op.before, op.after
+            return self.propagate_tensors(
+                op,
+                rule,
+                operands,
+                results,
+                direction,
+                notify,
+                lambda v, s: self._set(v, after(s)),
+                False,
+                result_shardings=[before(results[0].sharding)],
+            )
+        return self.propagate_tensors(
+            op, rule, operands, results, direction, notify, lambda v, s: self._set(v, s), is_elementwise(op)
+        )
+
+    def propagate_tensors(
+        self,
+        op: Op | None,
+        rule: OpShardingRule,
+        operands: list[Value],
+        results: list[Value],
+        direction: Callable[[int], Direction],
+        notify: bool,
+        set_result: Callable[[Value, TensorSharding], None],
+        elementwise: bool,
+        result_shardings: list[TensorSharding | None] | None = None,
+        conservative: bool | None = None,
+    ) -> bool:
+        meshes = self.program.meshes
+        operand_shardings = [v.sharding for v in operands]
+        result_now = result_shardings if result_shardings is not None else [v.sharding for v in results]
+        found = common_mesh([*operand_shardings, *result_now], meshes)
+        if found is None:
+            return False
+        mesh_name, mesh = found
+        if mesh.is_maximal:
+            return False
+        projection = ShardingProjection.build(operand_shardings, result_now, rule, mesh)
+
+        def local(f: int) -> Direction:
+            return Direction.NONE if rule.is_blocked(f) else direction(f)
+
+        cons = self.conservative if conservative is None else conservative
+        update = self.strategy(projection, local, rule.factor_sizes, mesh, cons, elementwise)
+        changed = False
+        for i, value in enumerate(operands):
+            if update.operands[i]:
+                new = projection.operands[i].to_tensor_sharding(
+                    rule.operand_mappings[i], rule.factor_sizes, mesh_name, mesh
+                )
+                changed |= self._update(value, operand_shardings[i], new, notify, self._set)
+        for i, value in enumerate(results):
+            if update.results[i]:
+                new = projection.results[i].to_tensor_sharding(
+                    rule.result_mappings[i], rule.factor_sizes, mesh_name, mesh
+                )
+                changed |= self._update(value, result_now[i], new, notify, set_result)
+        return changed
+
+    def _update(
+        self,
+        value: Value,
+        old: TensorSharding | None,
+        new: TensorSharding,
+        notify: bool,
+        setter: Callable[[Value, TensorSharding], None],
+    ) -> bool:
+        if (old is None and _all_empty(new)) or new == old:
+            return False
+        setter(value, new)
+        return True
+
+    def _set(self, value: Value, sharding: TensorSharding, notify: bool = True) -> None:
+        value.sharding = sharding
+        value.origin = self._current if self._current is not None else "function result"
+        self._notify_changed(value)
+        gid = self.group_of.get(value.index)
+        if gid is None:
+            return
+        for member in self.program.groups[gid]:
+            if member is not value:
+                member.sharding = sharding
+                member.origin = ("group", value)
+                self._notify_changed(member)
+
+    # --- function results --------------------------------------------------------------------
+
+    def func_results(self) -> None:
+        """Exchanges each result's sharding with its returned value through an identity rule."""
+        for result in self.program.results:
+            value = result.value
+            if value.dims is None:
+                continue
+            rule = pointwise_rule(value.dims, 1, 1)
+
+            def set_result(_v: Value, sharding: TensorSharding, r: object = result) -> None:
+                r.sharding = sharding  # type: ignore[attr-defined]
+
+            self.propagate_tensors(
+                None,
+                rule,
+                [value],
+                [value],
+                lambda _f: Direction.BOTH,
+                False,
+                set_result,
+                False,
+                result_shardings=[result.sharding],
+                conservative=False,
+            )
+
+
+def sync_groups(program: Program) -> None:
+    """Gives every member of a sharding group the group's one initial sharding (`syncGroupMemberShardings`)."""
+    for members in program.groups.values():
+        common: TensorSharding | None = None
+        for member in members:
+            s = member.sharding
+            if s is None or (_all_empty(s) and all(d.is_open for d in s.dims) and not s.replicated):
+                continue
+            if common is None:
+                common = s
+            elif s != common:
+                common = None
+                break
+        if common is None:
+            continue
+        for member in members:
+            member.sharding = common
+
+
+STRATEGIES: dict[str, Strategy] = {"basic": propagate_basic, "aggressive": propagate_aggressive}

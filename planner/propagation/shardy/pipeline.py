@@ -1,0 +1,136 @@
+"""The passes around propagation that change shardings: Shardy's import before, its export after.
+
+`sdy-propagation-pipeline`, which XLA runs, is import -> user-priority propagation -> export. Of the
+import passes these change what propagation starts from: size-1 mesh axes are dropped from every
+sharding (`remove-size-one-axes`), and a fully closed sharding constraint on a value without a sharding
+is applied to that value itself (`apply-sharding-constraints`), as is a manual computation's
+in-sharding to its operand. Of the export passes these change what the partitioner reads: a
+function's argument and result shardings are cut back to axes that divide their dims
+(`update-non-divisible-input-output-shardings`), and every dim is closed (`close-shardings`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.propagation.shardy import axes as ax
+from planner.propagation.shardy.constant_splitting import split_constants
+from planner.propagation.shardy.program import EDGE, Program, Value
+from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding
+
+
+def _mesh(program: Program, sharding: TensorSharding) -> SdyMesh:
+    return sharding.mesh if isinstance(sharding.mesh, SdyMesh) else program.meshes[sharding.mesh]
+
+
+def _holders(program: Program) -> list[object]:
+    return [*program.values, *program.results]
+
+
+def _map_shardings(program: Program, fn) -> None:  # type: ignore[no-untyped-def]
+    for holder in _holders(program):
+        s = holder.sharding  # type: ignore[attr-defined]
+        if s is not None:
+            holder.sharding = fn(s)  # type: ignore[attr-defined]
+    for manual in program.manual:
+        manual.in_shardings = [fn(s) for s in manual.in_shardings]
+        manual.out_shardings = [fn(s) for s in manual.out_shardings]
+
+
+def remove_size_one_axes(program: Program) -> None:
+    def strip(s: TensorSharding) -> TensorSharding:
+        mesh = _mesh(program, s)
+
+        def keep(refs: tuple[AxisRef, ...]) -> tuple[AxisRef, ...]:
+            return tuple(a for a in refs if ax.size_of(a, mesh) != 1)
+
+        dims = tuple(replace(d, axes=keep(d.axes)) for d in s.dims)
+        return replace(s, dims=dims, replicated=keep(s.replicated), unreduced=keep(s.unreduced))
+
+    _map_shardings(program, strip)
+
+
+def _is_fully_closed(s: TensorSharding) -> bool:
+    return all(not d.is_open for d in s.dims)
+
+
+def apply_sharding_constraints(program: Program) -> None:
+    """A closed constraint's sharding becomes its input's, when the input has none of its own."""
+    constraints: dict[int, list[TensorSharding]] = {}
+    pairs: list[tuple[Value, TensorSharding]] = []
+    for op in program.ops:
+        if op.kind == EDGE or op.inst is None:
+            continue
+        if op.inst.opcode == "custom-call" and op.inst.attr("custom_call_target") == "Sharding":
+            sharding = op.results[0].sharding
+            if sharding is not None:
+                constraints.setdefault(op.operands[0].index, []).append(sharding)
+                pairs.append((op.operands[0], sharding))
+    for manual in program.manual:
+        for j, arg in enumerate(manual.arguments):
+            sources = [op.operands[0] for op in arg_edges(program, arg)]
+            for source in sources:
+                constraints.setdefault(source.index, []).append(manual.in_shardings[j])
+                pairs.append((source, manual.in_shardings[j]))
+    for value, sharding in pairs:
+        if value.sharding is not None or value.dims is None or not _is_fully_closed(sharding):
+            continue
+        if any(other != sharding for other in constraints.get(value.index, [])):
+            continue
+        if value.defining is not None and value.defining.kind == EDGE:
+            continue  # Shardy moves the constraint instead; the edge keeps its own sharding
+        value.sharding = sharding
+
+
+def arg_edges(program: Program, owner: Value) -> list:  # type: ignore[type-arg]
+    return [op for op in program.ops if op.kind == EDGE and op.results[0] is owner]
+
+
+def _evenly_sharded(s: TensorSharding, dims: tuple[int, ...], mesh: SdyMesh) -> TensorSharding:
+    out = []
+    for dim, size in zip(s.dims, dims, strict=False):
+        if size % ax.total_size(dim.axes, mesh) == 0:
+            out.append(dim)
+            continue
+        left = size
+        kept: list[AxisRef] = []
+        for ref in dim.axes:
+            gcd = math.gcd(ax.size_of(ref, mesh), left)
+            if gcd == 1:
+                break
+            if ax.size_of(ref, mesh) == gcd:
+                kept.append(ref)
+                left //= gcd
+            else:
+                kept.append(AxisRef(ref.name, ax.pre_size(ref), gcd))
+                break
+        out.append(DimSharding(tuple(kept), dim.is_open))
+    return replace(s, dims=tuple(out))
+
+
+def update_non_divisible_io(program: Program) -> None:
+    for value in program.args:
+        if value.sharding is not None and value.dims is not None:
+            value.sharding = _evenly_sharded(value.sharding, value.dims, _mesh(program, value.sharding))
+    for result in program.results:
+        if result.sharding is not None and result.value.dims is not None:
+            result.sharding = _evenly_sharded(result.sharding, result.value.dims, _mesh(program, result.sharding))
+
+
+def close_shardings(program: Program) -> None:
+    def close(s: TensorSharding) -> TensorSharding:
+        return replace(s, dims=tuple(replace(d, is_open=False) for d in s.dims))
+
+    _map_shardings(program, close)
+
+
+def run_import(program: Program) -> None:
+    remove_size_one_axes(program)
+    split_constants(program)
+    apply_sharding_constraints(program)
+
+
+def run_export(program: Program) -> None:
+    update_non_divisible_io(program)
+    close_shardings(program)

@@ -1,0 +1,564 @@
+"""The module as Shardy sees it: values with one sharding each, ops between them, and data-flow edges.
+
+XLA hands Shardy a StableHLO module converted from HLO, where tuples are gone: a While carries N
+values, its body and condition take N block arguments, and a `get-tuple-element` or `tuple` is just a
+name for a value. Built from our HLO IR the same way:
+
+- every array leaf of an instruction's result is a `Value`; `tuple` and `get-tuple-element` only name
+  values (no op), as do the parameters of called computations that are inlined;
+- a While's result i, its body argument i and its condition argument i are one value, whose sharding
+  the data-flow edge of result i owns (Shardy's `sdy.data_flow_edge`): the edge propagates from its
+  *sources* (the init operand and the body's returned value) to that value like an identity op. A
+  conditional's results are edges from each branch's returned value; branch parameters are the
+  branch operands themselves (StableHLO's `case` regions capture them);
+- JAX's round-trip custom calls become Shardy's ops: `Sharding` a sharding constraint,
+  `xla.sdy.PropagationBarrier` a barrier, `xla.sdy.ShardingGroup` a group membership (no op), and
+  `xla.sdy.FuncResultSharding` the function's result sharding (no op);
+- every other instruction is an op whose sharding rule the registry gives (or none: it blocks).
+
+Uses are kept in program order; Shardy's notifications walk MLIR use lists, newest use first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from planner.errors import UnsupportedHlo
+from planner.hlo.frontend_attributes import FrontendAttributes
+from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.propagation.shardy.factor_propagation import Direction
+from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
+from planner.propagation.shardy.rule import OpShardingRule
+from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding, parse_sharding
+
+RULE, EDGE, BARRIER = "rule", "edge", "barrier"
+# Custom calls that JAX's Shardy round trip writes and the import turns back into Shardy constructs.
+SHARDING_CONSTRAINT = "Sharding"
+FUNC_RESULT = "xla.sdy.FuncResultSharding"
+GROUP = "xla.sdy.ShardingGroup"
+BARRIER_TARGET = "xla.sdy.PropagationBarrier"
+GLOBAL_TO_LOCAL = "xla.sdy.GlobalToLocalShape"
+LOCAL_TO_GLOBAL = "xla.sdy.LocalToGlobalShape"
+
+
+class Value:
+    __slots__ = (
+        "array",
+        "defining",
+        "dims",
+        "extra_uses",
+        "index",
+        "name",
+        "origin",
+        "sharding",
+        "target_uses",
+        "uses",
+    )
+
+    def __init__(self, index: int, name: str, dims: tuple[int, ...] | None, array: ArrayShape | None = None) -> None:
+        self.index = index
+        self.name = name
+        self.dims = dims  # None: not a static array (a token)
+        self.array = array
+        self.sharding: TensorSharding | None = None
+        self.defining: Op | None = None
+        self.uses: list[Op] = []  # ops reading it, program order
+        self.target_uses: list[Op] = []  # ops reading it as a body/condition argument of its edge
+        # Uses that are not ops here: the function's return, sharding-group membership.
+        self.extra_uses = 0
+        # Why the value has its sharding: the op (or "annotation", "group", "result") that last changed it.
+        self.origin: object = "annotation"
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.dims is not None and len(self.dims) == 0
+
+    def __repr__(self) -> str:
+        return f"Value({self.name})"
+
+
+@dataclass(eq=False)
+class Op:
+    kind: str
+    name: str
+    loc: str
+    operands: list[Value]
+    results: list[Value]
+    inst: Instruction | None = None
+    rule: OpShardingRule | None = None
+    rule_known: bool = False
+    allowed: Direction = Direction.BOTH
+    is_elementwise: bool = False
+    computation: Computation | None = None  # the one holding `inst`: some rules read its operands' producers
+    as_written: tuple[TensorSharding, ...] | None = None
+    # Block arguments that alias an edge's result (while body/condition), for notifications.
+    targets: list[Value] = field(default_factory=list)
+    # A manual computation's edge sees its owner through these (None: as it is).
+    before: Callable[[TensorSharding | None], TensorSharding | None] | None = None
+    after: Callable[[TensorSharding], TensorSharding] | None = None
+
+    def __repr__(self) -> str:
+        return f"Op({self.kind} {self.name})"
+
+
+@dataclass(eq=False)
+class Leaf:
+    """A value as one element of an instruction's result, with the function-result sharding it carries."""
+
+    value: Value
+    func_result: TensorSharding | None = None
+
+
+Tree = Leaf | list["Tree"]
+
+
+@dataclass
+class FuncResult:
+    value: Value
+    sharding: TensorSharding | None
+
+
+@dataclass(eq=False)
+class ManualComputation:
+    """One `shard_map`: its body arguments and results (edge owners) and the shardings around them."""
+
+    loc: str
+    manual_axes: tuple[str, ...]
+    in_shardings: list[TensorSharding]
+    out_shardings: list[TensorSharding] = field(default_factory=list)
+    arguments: list[Value] = field(default_factory=list)
+    results: list[Value] = field(default_factory=list)
+
+    def current_in_shardings(self) -> list[TensorSharding]:
+        return [
+            add_free_axes(outer, arg.sharding, self.manual_axes) if arg.sharding is not None else outer
+            for outer, arg in zip(self.in_shardings, self.arguments, strict=True)
+        ]
+
+    def current_out_shardings(self) -> list[TensorSharding]:
+        return [r.sharding or outer for outer, r in zip(self.out_shardings, self.results, strict=True)]
+
+
+@dataclass
+class Program:
+    meshes: dict[str, SdyMesh]
+    values: list[Value] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    args: list[Value] = field(default_factory=list)
+    results: list[FuncResult] = field(default_factory=list)
+    groups: dict[int, list[Value]] = field(default_factory=dict)
+    # Ops by instruction name, for reporting.
+    by_instruction: dict[str, Op] = field(default_factory=dict)
+    # Instruction name -> the values of its result leaves.
+    leaves: dict[str, list[Value]] = field(default_factory=dict)
+    manual: list[ManualComputation] = field(default_factory=list)
+    # A value split per use by the import (`constant_splitting`) -> the value it was split from.
+    split_from: dict[int, Value] = field(default_factory=dict)
+    # Per loop, branch or barrier location: all its results (tokens included), edges or not.
+    edge_results: dict[str, list[Value]] = field(default_factory=dict)
+
+    def new_value(self, name: str, shape: Shape) -> Value:
+        array = shape if isinstance(shape, ArrayShape) else None
+        value = Value(len(self.values), name, array.dims if array is not None else None, array)
+        self.values.append(value)
+        return value
+
+
+def _leaves(tree: Tree) -> list[Leaf]:
+    if isinstance(tree, Leaf):
+        return [tree]
+    return [leaf for t in tree for leaf in _leaves(t)]
+
+
+def _frontend(inst: Instruction) -> FrontendAttributes | None:
+    attrs = inst.attr("frontend_attributes")
+    return attrs if isinstance(attrs, FrontendAttributes) else None
+
+
+def _sdy_shardings(inst: Instruction) -> tuple[TensorSharding, ...] | None:
+    attrs = _frontend(inst)
+    if attrs is None:
+        return None
+    if attrs.sdy_sharding is not None:
+        return attrs.sdy_sharding
+    text = attrs.get("xla.sdy.sharding")
+    return parse_sharding(text) if text else None
+
+
+def constraint_from_hlo(inst: Instruction, meshes: dict[str, SdyMesh]) -> TensorSharding | None:
+    """A `Sharding` call that carries only an HloSharding (a placement the planner wrote, as
+    `with_sharding_constraint` would): the closed constraint that places data as it says, on the
+    module's one mesh."""
+    sharding = inst.sharding
+    if sharding is None or sharding.is_tuple or not isinstance(inst.shape, ArrayShape) or len(meshes) != 1:
+        return None
+    ((name, mesh),) = meshes.items()
+    from planner.mesh import Mesh
+    from planner.plan.manifest import spec_axes, spec_from_sharding
+
+    axes = tuple(mesh.axes)
+    grid = Mesh(tuple(s for _, s in axes), tuple(n for n, _ in axes), mesh.device_ids)
+    try:
+        spec = spec_from_sharding(sharding, inst.shape.rank, grid)
+    except ValueError:
+        return None  # not a tiling of the mesh: left unannotated, as Shardy cannot say it
+    dims = tuple(DimSharding(tuple(AxisRef(a) for a in spec_axes(entry))) for entry in spec)
+    return TensorSharding(name, dims)
+
+
+def _op_name(inst: Instruction) -> str:
+    metadata = inst.metadata
+    name = metadata.op_name if metadata is not None else None
+    return name or inst.name
+
+
+# Instructions that stay although nothing reads them.
+_SIDE_EFFECTING = frozenset({"send", "send-done", "recv", "recv-done", "outfeed", "infeed", "after-all", "rng"})
+
+
+def _live(comp: Computation) -> set[str]:
+    """What the root reads, and whatever has a side effect: Shardy's import erases the rest (its
+    canonicalizer drops trivially dead ops), such as the dead `reshape` JAX writes beside a result's
+    sharding to carry its GSPMD form."""
+    live: set[str] = set()
+    stack = [comp.root_name] + [
+        i.name
+        for i in comp.instructions
+        if i.opcode in _SIDE_EFFECTING or (i.opcode == "custom-call" and i.attr("custom_call_has_side_effect"))
+    ]
+    while stack:
+        name = stack.pop()
+        if name in live:
+            continue
+        live.add(name)
+        stack.extend(comp[name].operands)
+    return live
+
+
+def _pass_through_elements(body: Computation) -> list[int]:
+    """Tuple elements the body returns as it received them (`root[i] = get-tuple-element(param, i)`)."""
+    root = body.root
+    if root.opcode != "tuple" or not body.parameters:
+        return []
+    param = body.parameters[0].name
+    out = []
+    for i, name in enumerate(root.operands):
+        inst = body[name]
+        if inst.opcode == "get-tuple-element" and inst.operands[0] == param and int(inst.attr("index")) == i:
+            out.append(i)
+    return out
+
+
+OrderKey = Callable[[Instruction], int]
+
+
+def instruction_id(inst: Instruction) -> int:
+    """An instruction's id (`add.12` -> 12): jaxlib 0.7.1's converter numbers the ops in MLIR order."""
+    tail = inst.name.rsplit(".", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+class _Builder:
+    def __init__(self, module: HloModule, program: Program, order_key: OrderKey | None = None) -> None:
+        self.module = module
+        self.p = program
+        self.order_key = order_key
+        self.manual_stack: list[ManualComputation] = []
+        self.current: Computation | None = None
+
+    def order(self, comp: Computation) -> list[Instruction]:
+        """The live instructions in program order: as written (XLA's post order, which its importer
+        follows), or by `order_key` (kept topological) where the module keeps an order the text lost."""
+        live = _live(comp)
+        insts = [i for i in comp.instructions if i.name in live]
+        if self.order_key is None:
+            return insts
+        placed: set[str] = set()
+        ordered: list[Instruction] = []
+        by_name = {i.name: i for i in insts}
+
+        def place(inst: Instruction) -> None:
+            if inst.name in placed:
+                return
+            placed.add(inst.name)
+            for operand in inst.operands:
+                if operand in by_name:
+                    place(by_name[operand])
+            ordered.append(inst)
+
+        for inst in sorted(insts, key=self.order_key):
+            place(inst)
+        return ordered
+
+    def fresh(self, inst: Instruction, shape: Shape, suffix: str = "") -> Tree:
+        if isinstance(shape, TupleShape):
+            return [self.fresh(inst, element, f"{suffix}.{i}") for i, element in enumerate(shape.elements)]
+        return Leaf(self.p.new_value(inst.name + suffix, shape))
+
+    def add_op(self, op: Op) -> Op:
+        self.p.ops.append(op)
+        for value in op.operands:
+            value.uses.append(op)
+        for value in op.results:
+            value.defining = op
+        return op
+
+    def computation(self, comp: Computation, params: dict[int, Tree]) -> Tree:
+        trees: dict[str, Tree] = {}
+        outer, self.current = self.current, comp
+        for inst in self.order(comp):
+            trees[inst.name] = self.instruction(inst, trees, params)
+            self.p.leaves.setdefault(inst.name, [leaf.value for leaf in _leaves(trees[inst.name])])
+        self.current = outer
+        return trees[comp.root_name]
+
+    def instruction(self, inst: Instruction, trees: dict[str, Tree], params: dict[int, Tree]) -> Tree:
+        op = inst.opcode
+        operands = [trees[name] for name in inst.operands]
+        if op == "parameter":
+            assert inst.parameter_number is not None
+            return params[inst.parameter_number]
+        if op == "tuple":
+            return list(operands)
+        if op == "get-tuple-element":
+            source = operands[0]
+            assert isinstance(source, list)
+            return source[int(inst.attr("index"))]
+        if op == "while":
+            return self.while_loop(inst, operands[0])
+        if op == "conditional":
+            return self.conditional(inst, operands)
+        if op == "opt-barrier":
+            owners = self.fresh(inst, inst.shape)
+            self.edges(inst, owners, [operands[0]], [])
+            return owners
+        if op == "call":
+            return self.computation(self.module.computation(inst.called_computations[0]), dict(enumerate(operands)))
+        if op == "custom-call":
+            target = inst.attr("custom_call_target")
+            if target == FUNC_RESULT:
+                (leaf,) = _leaves(operands[0])
+                shardings = _sdy_shardings(inst)
+                return Leaf(leaf.value, shardings[0] if shardings else None)
+            if target == GROUP:
+                group = _frontend(inst)
+                gid = group.sdy_group if group is not None else None
+                if gid is None:
+                    raise UnsupportedHlo(f"{inst.name}: a sharding group without xla.sdy.sharding_group_id")
+                for leaf in _leaves(operands[0]):
+                    self.p.groups.setdefault(gid, []).append(leaf.value)
+                    leaf.value.extra_uses += 1
+                return []
+            if target == GLOBAL_TO_LOCAL:
+                return self.enter_manual(inst, operands)
+            if target == LOCAL_TO_GLOBAL:
+                return self.leave_manual(inst, operands)
+        return self.plain(inst, operands)
+
+    def plain(self, inst: Instruction, operands: list[Tree]) -> Tree:
+        result = self.fresh(inst, inst.shape)
+        results = [leaf.value for leaf in _leaves(result)]
+        shardings = _sdy_shardings(inst)
+        if (
+            shardings is None
+            and inst.opcode == "custom-call"
+            and inst.attr("custom_call_target") == SHARDING_CONSTRAINT
+        ):
+            written = constraint_from_hlo(inst, self.p.meshes)
+            shardings = (written,) if written is not None else None
+        # Shardings written for an op HLO spells differently (a send or recv with its token and context
+        # values, a call with no results) do not map onto its values: kept as written, never propagated.
+        as_written = None
+        if shardings is not None and len(shardings) != len(results):
+            as_written, shardings = shardings, None
+        if shardings is not None:
+            for value, sharding in zip(results, shardings, strict=True):
+                value.sharding = sharding
+        kind = RULE
+        allowed = Direction.BOTH
+        if inst.opcode == "custom-call" and inst.attr("custom_call_target") == BARRIER_TARGET:
+            kind = BARRIER
+            attrs = _frontend(inst)
+            # Written as Shardy's PropagationDirection enum value: `2 : i32` is BACKWARD.
+            word = (attrs.get("xla.sdy.allowed_direction") if attrs is not None else None) or "0"
+            allowed = Direction(int(word.split(":")[0].strip().strip('"')))
+        op = Op(
+            kind,
+            inst.name,
+            _op_name(inst),
+            [leaf.value for t in operands for leaf in _leaves(t)],
+            results,
+            inst=inst,
+            allowed=allowed,
+            computation=self.current,
+            as_written=as_written,
+        )
+        self.add_op(op)
+        self.p.by_instruction[inst.name] = op
+        # A reducer, comparator or scatter combiner: a region of the op, its arguments scalars of its own.
+        for name in inst.called_computations:
+            region = self.module.computation(name)
+            params = {i.parameter_number: self.fresh(i, i.shape) for i in region.parameters}
+            self.computation(region, params)  # type: ignore[arg-type]
+        return result
+
+    def edges(self, inst: Instruction, owners: Tree, sources: list[Tree], targets: list[Tree]) -> None:
+        owner_leaves = _leaves(owners)
+        defined = {id(leaf.value) for s in sources for leaf in _leaves(s)}
+        self.p.edge_results.setdefault(_op_name(inst), []).extend(leaf.value for leaf in owner_leaves)
+        source_leaves = [_leaves(s) for s in sources]
+        target_leaves = [_leaves(t) for t in targets]
+        shardings = _sdy_shardings(inst)
+        for i, owner in enumerate(owner_leaves):
+            if shardings is not None and i < len(shardings):
+                owner.value.sharding = shardings[i]
+            if owner.value.dims is None:
+                continue  # tokens carry no sharding
+            if id(owner.value) in defined:
+                continue  # an element the loop passes through unchanged: the value itself, no edge
+            edge = Op(
+                EDGE,
+                f"{inst.name}#{i}",
+                _op_name(inst),
+                [s[i].value for s in source_leaves],
+                [owner.value],
+                inst=inst,
+                targets=[t[i].value for t in target_leaves],
+            )
+            self.add_op(edge)
+
+    def while_loop(self, inst: Instruction, init: Tree) -> Tree:
+        cond = self.module.computation(inst.attr("condition").names[0])
+        body = self.module.computation(inst.attr("body").names[0])
+        owners = self.fresh(inst, inst.shape)
+        carried = [leaf.value for leaf in _leaves(owners)]
+        # An element the body returns unchanged is no loop value in StableHLO: the import's canonicalizer
+        # removes it and the body reads the value it was initialised with (an implicit capture).
+        if isinstance(owners, list) and isinstance(init, list):
+            for i in _pass_through_elements(body):
+                if i < len(owners) and i < len(init):
+                    owners[i] = init[i]
+        # Shardy visits the condition's region before the body's.
+        mark = len(self.p.ops)
+        self.computation(cond, {0: owners})
+        returned = self.computation(body, {0: owners})
+        kept = {id(leaf.value) for leaf in _leaves(owners)}
+        self._mark_targets([v for v in carried if id(v) in kept], mark)
+        self.edges(inst, owners, [init, returned], [owners, owners])
+        return owners
+
+    def conditional(self, inst: Instruction, operands: list[Tree]) -> Tree:
+        owners = self.fresh(inst, inst.shape)
+        branches = inst.called_computations
+        returned = [
+            self.computation(self.module.computation(name), {0: operands[1 + i]}) for i, name in enumerate(branches)
+        ]
+        self.edges(inst, owners, returned, [])
+        return owners
+
+    def enter_manual(self, inst: Instruction, operands: list[Tree]) -> Tree:
+        attrs = _frontend(inst)
+        manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
+        text = attrs.get("xla.sdy.in_shardings") if attrs else None
+        in_shardings = list(parse_sharding(text)) if text else []
+        outer = [leaf.value for t in operands for leaf in _leaves(t)]
+        arguments = self.fresh(inst, inst.shape)
+        arg_values = [leaf.value for leaf in _leaves(arguments)]
+        if len(in_shardings) != len(arg_values) or len(outer) != len(arg_values):
+            raise UnsupportedHlo(f"{inst.name}: {len(in_shardings)} in_shardings for {len(arg_values)} operands")
+        manual = ManualComputation(_op_name(inst), manual_axes, in_shardings, arguments=arg_values)
+        self.p.manual.append(manual)
+        self.manual_stack.append(manual)
+        for j, (source, arg) in enumerate(zip(outer, arg_values, strict=True)):
+            arg.sharding = erase_manual_axes(in_shardings[j], manual_axes)
+
+            def before(s: TensorSharding | None, j: int = j) -> TensorSharding | None:
+                return add_free_axes(manual.in_shardings[j], s, manual_axes) if s is not None else None
+
+            self.add_op(
+                Op(
+                    EDGE,
+                    f"{inst.name}#arg{j}",
+                    manual.loc,
+                    [source],
+                    [arg],
+                    inst=inst,
+                    before=before,
+                    after=lambda s: erase_manual_axes(s, manual_axes),
+                )
+            )
+        return arguments
+
+    def leave_manual(self, inst: Instruction, operands: list[Tree]) -> Tree:
+        if not self.manual_stack:
+            raise UnsupportedHlo(f"{inst.name}: xla.sdy.LocalToGlobalShape without its GlobalToLocalShape")
+        manual = self.manual_stack.pop()
+        attrs = _frontend(inst)
+        text = attrs.get("xla.sdy.out_shardings") if attrs else None
+        manual.out_shardings = list(parse_sharding(text)) if text else []
+        returned = [leaf.value for t in operands for leaf in _leaves(t)]
+        results = self.fresh(inst, inst.shape)
+        result_values = [leaf.value for leaf in _leaves(results)]
+        if len(manual.out_shardings) != len(result_values):
+            raise UnsupportedHlo(
+                f"{inst.name}: {len(manual.out_shardings)} out_shardings for {len(result_values)} results"
+            )
+        manual.results = result_values
+        axes = manual.manual_axes
+        for k, (source, result) in enumerate(zip(returned, result_values, strict=True)):
+            result.sharding = manual.out_shardings[k]
+
+            def after(s: TensorSharding, k: int = k) -> TensorSharding:
+                current = manual.results[k].sharding or manual.out_shardings[k]
+                return add_free_axes(current, s, axes)
+
+            self.add_op(
+                Op(
+                    EDGE,
+                    f"{inst.name}#result{k}",
+                    manual.loc,
+                    [source],
+                    [result],
+                    inst=inst,
+                    before=lambda s: erase_manual_axes(s, axes) if s is not None else None,
+                    after=after,
+                )
+            )
+        return results
+
+    def _mark_targets(self, values: list[Value], since: int) -> None:
+        """Uses inside a loop of its own carried values are uses of block arguments (edge targets)."""
+        carried = {id(v) for v in values}
+        for op in self.p.ops[since:]:
+            for value in op.operands:
+                if id(value) in carried and op in value.uses:
+                    value.uses.remove(op)
+                    value.target_uses.append(op)
+
+
+def build_program(module: HloModule, meshes: dict[str, SdyMesh], order_key: OrderKey | None = None) -> Program:
+    """The Shardy view of `module`'s entry computation, calls and loops included.
+
+    `order_key`: order each computation's ops by it (kept topological), for a module converted from MLIR
+    whose instructions still say the MLIR module's own order (`instruction_id`).
+    """
+    program = Program(meshes)
+    builder = _Builder(module, program, order_key)
+    entry = module.entry
+    params: dict[int, Tree] = {}
+    for inst in entry.parameters:
+        assert inst.parameter_number is not None
+        tree = builder.fresh(inst, inst.shape)
+        shardings = _sdy_shardings(inst)
+        for leaf, sharding in zip(_leaves(tree), shardings or (), strict=False):
+            leaf.value.sharding = sharding
+        params[inst.parameter_number] = tree
+    for number in sorted(params):
+        program.args.extend(leaf.value for leaf in _leaves(params[number]))
+    root = builder.computation(entry, params)
+    for leaf in _leaves(root):
+        program.results.append(FuncResult(leaf.value, leaf.func_result))
+        leaf.value.extra_uses += 1
+    return program

@@ -1,0 +1,46 @@
+"""Shardy's decisions in the form every later stage reads: a `PropagationResult` over the module.
+
+The prepared module a plan reads is the Shardy module read as GSPMD's (`planner.hlo.shardy_import`),
+instruction for instruction and name for name, except what that reading folds away: the calls that
+set a function result's sharding (gone, their operand returned) and the `shard_alike` markers (there
+`Sharding` calls of their operand's shape). Every instruction of it gets the sharding Shardy leaves
+the same name with; a `shard_alike` marker, which Shardy's export removes, that of its operand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from planner.hlo.ir import HloModule
+from planner.propagation import PropagatedInstruction, PropagationResult
+from planner.propagation.graph import Provenance
+from planner.sharding.hlo_sharding import HloSharding
+
+SHARDY_RULE = "shardy"
+
+
+def propagation_result(
+    module: HloModule, shardings: dict[str, HloSharding], aliases: Mapping[str, str] | None = None
+) -> PropagationResult:
+    """`aliases`: names the prepare passes retired, each to the one that holds its value now."""
+    instructions = []
+    for comp in module.computations:
+        for inst in comp.instructions:
+            sharding = shardings.get(inst.name)
+            if sharding is None and inst.opcode == "custom-call" and inst.operands:
+                s = inst.sharding
+                if s is not None and s.shard_group is not None:  # a shard_alike marker read as GSPMD's
+                    sharding = shardings.get(inst.operands[0])
+            instructions.append(
+                PropagatedInstruction(
+                    inst.name,
+                    comp.name,
+                    inst.opcode,
+                    sharding,
+                    Provenance(SHARDY_RULE) if sharding is not None else None,
+                    None,
+                    inst.operands,
+                    inst.attr("index") if inst.opcode == "get-tuple-element" else None,
+                )
+            )
+    return PropagationResult(tuple(instructions), dict(aliases or {}))

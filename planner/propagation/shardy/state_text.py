@@ -1,0 +1,82 @@
+"""Shardy's shardings after propagation, printed as Shardy prints them, keyed like its lit tests.
+
+`@arg:N` is the function's argument N, `@result:N` its result N (`#sdy.sharding<...>`); an op is keyed
+by its location (the `op_name` its instruction keeps) and prints `#sdy.sharding_per_value<[...]>` over
+its results, an unsharded result of a sharded op as fully open. A loop's or branch's results are
+printed on the op only once the edges are sunk into it (`sdy-sink-data-flow-edges`, the export);
+before that they belong to the edges.
+"""
+
+from __future__ import annotations
+
+from planner.propagation.shardy.program import BARRIER, EDGE, RULE, Program, Value
+from planner.sharding.shardy import DimSharding, TensorSharding
+
+
+def sharding_text(sharding: TensorSharding) -> str:
+    return "#sdy.sharding" + sharding.to_text()
+
+
+def _empty(mesh: object, rank: int, closed: bool) -> TensorSharding:
+    return TensorSharding(mesh, tuple(DimSharding((), is_open=not closed) for _ in range(rank)))  # type: ignore[arg-type]
+
+
+def per_value_text(values: list[Value], closed: bool = False) -> str | None:
+    """`closed`: after the export, which closes every dim, an unsharded result of a sharded op too."""
+    sharded = [v.sharding for v in values if v.sharding is not None]
+    if not sharded:
+        return None
+    mesh = sharded[0].mesh
+    # A token prints as a rank-0 sharding on the op's mesh.
+    parts = [(v.sharding or _empty(mesh, len(v.dims or ()), closed)).to_text() for v in values]
+    return "#sdy.sharding_per_value<[" + ", ".join(parts) + "]>"
+
+
+def _per_value(shardings: list[TensorSharding]) -> str:
+    return "#sdy.sharding_per_value<[" + ", ".join(s.to_text() for s in shardings) + "]>"
+
+
+def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bool = False) -> dict[str, str]:
+    """`constraints_as_reshards`: after the export a constraint is an `sdy.reshard`, printed with its sharding."""
+    out: dict[str, str] = {}
+    for i, value in enumerate(program.args):
+        if value.sharding is not None:
+            out[f"@arg:{i}"] = sharding_text(value.sharding)
+    for i, result in enumerate(program.results):
+        if result.sharding is not None:
+            out[f"@result:{i}"] = sharding_text(result.sharding)
+    for op in program.ops:
+        if op.kind in (RULE, BARRIER):
+            inst = op.inst
+            is_constraint = (
+                inst is not None and inst.opcode == "custom-call" and inst.attr("custom_call_target") == "Sharding"
+            )
+            # A constraint (and the reshard the export makes of it) prints its one sharding.
+            # An op the converter wrote as several instructions is its last one (the others prepare operands).
+            if is_constraint and op.results[0].sharding is not None:
+                out[op.loc] = sharding_text(op.results[0].sharding)
+                continue
+            if op.as_written is not None:
+                out[op.loc] = _per_value(list(op.as_written))
+                continue
+            text = per_value_text(op.results, closed=constraints_as_reshards)
+            if text is not None:
+                out[op.loc] = text
+    for manual in program.manual:
+        out[f"{manual.loc}:in_shardings"] = _per_value(manual.current_in_shardings())
+        out[f"{manual.loc}:out_shardings"] = _per_value(manual.current_out_shardings())
+    if edges_sunk:
+        for loc, values in program.edge_results.items():
+            text = per_value_text(values, closed=constraints_as_reshards)
+            if text is not None:
+                out[loc] = text
+    return out
+
+
+def edge_shardings(program: Program) -> dict[str, list[TensorSharding | None]]:
+    """Per loop or branch location, the sharding each of its edges holds (before sinking)."""
+    out: dict[str, list[TensorSharding | None]] = {}
+    for op in program.ops:
+        if op.kind == EDGE:
+            out.setdefault(op.loc, []).append(op.results[0].sharding)
+    return out
