@@ -1,6 +1,6 @@
 """Our Shardy engine against jaxlib's real Shardy passes, op by op, on any StableHLO module.
 
-    python -m fidelity.shardy_diff MODULE.mlir [--pipeline sdy-propagation-pipeline] [--show N]
+    python -m fidelity.shardy_diff MODULE.mlir [MODULE.mlir ...] [--pipeline sdy-propagation-pipeline] [--show N]
 
 For a real step the right input is the module XLA's Shardy pass propagates: XLA writes it as
 `shardy/<module>/01.before_propagation.mlir` in its dump (`--xla_dump_to`, with the pass dumped).
@@ -140,16 +140,21 @@ def compare(path: Path, pipeline: str) -> CaseResult:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("module", type=Path)
+    ap.add_argument("modules", type=Path, nargs="+")
     ap.add_argument("--pipeline", default="sdy-propagation-pipeline")
-    ap.add_argument("--show", type=int, default=20)
+    ap.add_argument("--show", type=int, default=20, help="differing values printed per module")
     args = ap.parse_args(argv)
-    result = compare(args.module, args.pipeline)
-    missed = result.missed
-    equal = len(result.expected) - len(missed)
-    print(f"{equal} of {len(result.expected)} values equal ({result.error or 'all ops compared'})")
-    for key in missed[: args.show]:
-        print(f"  {key}\n    shardy {result.expected[key]}\n    ours   {result.got.get(key)}")
+    total_equal = total = 0
+    for path in args.modules:
+        result = compare(path, args.pipeline)
+        missed = result.missed
+        equal = len(result.expected) - len(missed)
+        total_equal, total = total_equal + equal, total + len(result.expected)
+        print(f"{path}: {equal} of {len(result.expected)} values equal ({result.error or 'all ops compared'})")
+        for key in missed[: args.show]:
+            print(f"  {key}\n    shardy {result.expected[key]}\n    ours   {result.got.get(key)}")
+    if len(args.modules) > 1:
+        print(f"all: {total_equal} of {total} values equal")
     return 0
 
 

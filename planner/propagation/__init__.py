@@ -124,11 +124,11 @@ def propagate(prepared: PreparedModule, options: PropagationOptions | None = Non
     `options` replace the prepared module's (the shard-group check runs without groups).
     """
     if prepared.shardy is not None:
-        from planner.propagation.shardy import shardy_shardings
+        from planner.propagation.shardy import shardy_decisions
         from planner.propagation.shardy.result import propagation_result
 
         with collection_paused():
-            return propagation_result(prepared.module, shardy_shardings(prepared.shardy), prepared.aliases)
+            return propagation_result(prepared.module, shardy_decisions(prepared.shardy), prepared.aliases)
     with collection_paused():
         propagator = Propagator(prepared.module, options if options is not None else prepared.options)
         propagator.run()

@@ -14,7 +14,7 @@ from planner.hlo.ir import HloModule
 from planner.hlo.shardy_import import module_meshes
 from planner.propagation.shardy.export import instruction_shardings
 from planner.propagation.shardy.pipeline import run_export, run_import
-from planner.propagation.shardy.program import Program, build_program
+from planner.propagation.shardy.program import Origin, Program, build_program
 from planner.propagation.shardy.schedule import propagate
 from planner.sharding.hlo_sharding import HloSharding
 
@@ -30,7 +30,12 @@ def run_pipeline(module: HloModule) -> Program:
 
 def shardy_shardings(module: HloModule) -> dict[str, HloSharding]:
     """Per instruction, the HloSharding Shardy leaves it with (unsharded instructions absent)."""
+    return {name: sharding for name, (sharding, _) in shardy_decisions(module).items()}
+
+
+def shardy_decisions(module: HloModule) -> dict[str, tuple[HloSharding, Origin]]:
+    """Per instruction Shardy leaves sharded: its HloSharding and why."""
     return instruction_shardings(run_pipeline(module), module)
 
 
-__all__ = ["Program", "build_program", "propagate", "run_pipeline", "shardy_shardings"]
+__all__ = ["Origin", "Program", "build_program", "propagate", "run_pipeline", "shardy_decisions", "shardy_shardings"]

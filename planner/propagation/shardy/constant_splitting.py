@@ -73,6 +73,7 @@ def _clone(program: Program, value: Value, ops: list[Op], splittable: set[int]) 
     for original in defining.results:
         copy = Value(len(program.values), original.name + ".split", original.dims, original.array)
         copy.sharding = original.sharding
+        copy.instruction = original.instruction
         program.values.append(copy)
         program.split_from[copy.index] = original
         results.append(copy)

@@ -15,11 +15,20 @@ from collections.abc import Callable
 from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from planner.hlo.shapes import ArrayShape
 from planner.propagation.shardy.factor_propagation import Direction, Update, propagate_aggressive, propagate_basic
-from planner.propagation.shardy.program import BARRIER, EDGE, SHARDING_CONSTRAINT, Op, Program, Value
+from planner.propagation.shardy.program import (
+    BARRIER,
+    CONSTRAINT,
+    EDGE,
+    SHARDING_CONSTRAINT,
+    Op,
+    Origin,
+    Program,
+    Value,
+)
 from planner.propagation.shardy.projection import ShardingProjection
 from planner.propagation.shardy.registry import sharding_rule
 from planner.propagation.shardy.rule import OpShardingRule, pointwise_rule
-from planner.sharding.shardy import SdyMesh, TensorSharding
+from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding
 
 Strategy = Callable[..., Update]
 DirectionFn = Callable[[Op, int], Direction]
@@ -29,7 +38,7 @@ _ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
 
 def is_elementwise(op: Op) -> bool:
     """Element-wise for the op-priority schedule and the aggressive tie-break (`isElementwise`)."""
-    if op.kind == BARRIER:
+    if op.kind in (BARRIER, CONSTRAINT):
         return True
     inst = op.inst
     if inst is None or op.kind == EDGE:
@@ -45,7 +54,7 @@ def rule_of(op: Op, conservative: bool) -> OpShardingRule | None:
     if op.rule_known:
         return op.rule
     op.rule_known = True
-    if op.kind in (EDGE, BARRIER) or (
+    if op.kind in (EDGE, BARRIER, CONSTRAINT) or (
         op.inst is not None
         and op.inst.opcode == "custom-call"
         and op.inst.attr("custom_call_target") == SHARDING_CONSTRAINT
@@ -104,8 +113,11 @@ class Propagation:
         strategy: Strategy,
         direction: DirectionFn,
         conservative: bool = False,
+        label: str = "",
     ) -> None:
         self.program = program
+        self.label = label
+        self.strategy_name = "basic" if strategy is propagate_basic else "aggressive"
         self.strategy = strategy
         self.direction = direction
         self.conservative = conservative
@@ -241,7 +253,7 @@ class Propagation:
 
     def _set(self, value: Value, sharding: TensorSharding, notify: bool = True) -> None:
         value.sharding = sharding
-        value.origin = self._current if self._current is not None else "function result"
+        value.origin = self._origin(value)
         self._notify_changed(value)
         gid = self.group_of.get(value.index)
         if gid is None:
@@ -249,8 +261,19 @@ class Propagation:
         for member in self.program.groups[gid]:
             if member is not value:
                 member.sharding = sharding
-                member.origin = ("group", value)
+                member.origin = Origin(f"sharding group (shard_alike) with {value.name}", (value.name,))
                 self._notify_changed(member)
+
+    def _origin(self, value: Value) -> Origin:
+        op = self._current
+        step = f", {self.label}" if self.label else ""
+        if op is None:
+            return Origin(f"the function's result sharding{step}")
+        what = op.inst.opcode if op.inst is not None and op.kind != EDGE else "the loop/branch data-flow edge"
+        others = [v for v in (*op.operands, *op.results) if v is not value and v.sharding is not None]
+        own = value.instruction
+        sources = tuple(dict.fromkeys(v.instruction for v in others if v.instruction != own))
+        return Origin(f"{self.strategy_name} propagation through {what} {op.name}{step}", sources)
 
     # --- function results --------------------------------------------------------------------
 
@@ -280,9 +303,14 @@ class Propagation:
 
 
 def sync_groups(program: Program) -> None:
-    """Gives every member of a sharding group the group's one initial sharding (`syncGroupMemberShardings`)."""
-    for members in program.groups.values():
+    """Gives every member of a sharding group the group's one initial sharding (`syncGroupMemberShardings`).
+
+    Members written with different shardings (`shard_alike` of values constrained apart) keep them: each
+    is read through a new fully open constraint, and those constraints form the group instead.
+    """
+    for gid, members in program.groups.items():
         common: TensorSharding | None = None
+        conflict = False
         for member in members:
             s = member.sharding
             if s is None or (_all_empty(s) and all(d.is_open for d in s.dims) and not s.replicated):
@@ -290,12 +318,40 @@ def sync_groups(program: Program) -> None:
             if common is None:
                 common = s
             elif s != common:
-                common = None
+                conflict = True
                 break
         if common is None:
             continue
-        for member in members:
-            member.sharding = common
+        if not conflict:
+            for member in members:
+                member.sharding = common
+            continue
+        program.groups[gid] = [_read_through_open_constraint(program, m, common) for m in members]
+
+
+def _read_through_open_constraint(program: Program, member: Value, like: TensorSharding) -> Value:
+    """A new `sharding_constraint` of `member`, fully open, which every reader of `member` reads instead."""
+    opened = TensorSharding(like.mesh, tuple(DimSharding((), is_open=True) for _ in like.dims))
+    result = Value(len(program.values), member.name + ".group", member.dims, member.array)
+    result.instruction = member.instruction
+    result.sharding = opened
+    program.values.append(result)
+    op = Op(
+        CONSTRAINT, f"{member.name}.group", member.defining.loc if member.defining else member.name, [member], [result]
+    )
+    for user in member.uses:
+        user.operands = [result if v is member else v for v in user.operands]
+    result.uses, member.uses = member.uses, [op]
+    result.target_uses, member.target_uses = member.target_uses, []
+    for returned in program.results:
+        if returned.value is member:
+            returned.value = result
+            member.extra_uses -= 1
+            result.extra_uses += 1
+    result.defining = op
+    at = program.ops.index(member.defining) + 1 if member.defining in program.ops else 0
+    program.ops.insert(at, op)
+    return result
 
 
 STRATEGIES: dict[str, Strategy] = {"basic": propagate_basic, "aggressive": propagate_aggressive}

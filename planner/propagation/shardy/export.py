@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import TupleShape
-from planner.propagation.shardy.program import Program, Value
+from planner.propagation.shardy.program import Origin, Program, Value
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.shardy import SdyMesh, to_hlo_sharding
 
@@ -22,9 +22,10 @@ def value_sharding(value: Value, meshes: dict[str, SdyMesh]) -> HloSharding | No
     return to_hlo_sharding(value.sharding, meshes, len(value.dims))
 
 
-def instruction_shardings(program: Program, module: HloModule) -> dict[str, HloSharding]:
-    """Per instruction of `module` that Shardy leaves sharded, its HloSharding."""
-    out: dict[str, HloSharding] = {}
+def instruction_shardings(program: Program, module: HloModule) -> dict[str, tuple[HloSharding, Origin]]:
+    """Per instruction of `module` that Shardy leaves sharded, its HloSharding and why (its first sharded
+    value's last change)."""
+    out: dict[str, tuple[HloSharding, Origin]] = {}
     # A constant or scalar broadcast split per use: the instruction is its copies (the export merges the
     # copies that agree); it takes the sharding of the first copy that has one.
     copies: dict[int, list[Value]] = {}
@@ -39,12 +40,13 @@ def instruction_shardings(program: Program, module: HloModule) -> dict[str, HloS
             shardings = [value_sharding(v, program.meshes) for v in values]
             if all(s is None for s in shardings):
                 continue
+            origin = next(v.origin for v, s in zip(values, shardings, strict=True) if s is not None)
             if isinstance(inst.shape, TupleShape):
-                out[inst.name] = HloSharding.tuple_of(tuple(s or HloSharding.replicate() for s in shardings))
+                out[inst.name] = (HloSharding.tuple_of(tuple(s or HloSharding.replicate() for s in shardings)), origin)
             else:
                 first = shardings[0]
                 assert first is not None
-                out[inst.name] = first
+                out[inst.name] = (first, origin)
     return out
 
 

@@ -33,7 +33,9 @@ from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, 
 from planner.propagation.shardy.rule import OpShardingRule
 from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding, parse_sharding
 
-RULE, EDGE, BARRIER = "rule", "edge", "barrier"
+# An op with a registry rule, a data-flow edge, a propagation barrier, and a sharding constraint the
+# import adds (one the module writes is a `Sharding` custom call, a RULE op).
+RULE, EDGE, BARRIER, CONSTRAINT = "rule", "edge", "barrier", "constraint"
 # Custom calls that JAX's Shardy round trip writes and the import turns back into Shardy constructs.
 SHARDING_CONSTRAINT = "Sharding"
 FUNC_RESULT = "xla.sdy.FuncResultSharding"
@@ -50,6 +52,7 @@ class Value:
         "dims",
         "extra_uses",
         "index",
+        "instruction",
         "name",
         "origin",
         "sharding",
@@ -60,6 +63,7 @@ class Value:
     def __init__(self, index: int, name: str, dims: tuple[int, ...] | None, array: ArrayShape | None = None) -> None:
         self.index = index
         self.name = name
+        self.instruction = name  # the instruction whose result (or result element) it is
         self.dims = dims  # None: not a static array (a token)
         self.array = array
         self.sharding: TensorSharding | None = None
@@ -68,8 +72,8 @@ class Value:
         self.target_uses: list[Op] = []  # ops reading it as a body/condition argument of its edge
         # Uses that are not ops here: the function's return, sharding-group membership.
         self.extra_uses = 0
-        # Why the value has its sharding: the op (or "annotation", "group", "result") that last changed it.
-        self.origin: object = "annotation"
+        # Why the value has its sharding: the last change's reason and the instructions it came from.
+        self.origin: Origin = Origin("annotation")
 
     @property
     def is_scalar(self) -> bool:
@@ -77,6 +81,15 @@ class Value:
 
     def __repr__(self) -> str:
         return f"Value({self.name})"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Why a value holds its sharding: as written (`annotation`), or the step that last changed it
+    (`aggressive propagation through dot, op-priority step 2`) and the instructions it read."""
+
+    reason: str
+    sources: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -159,9 +172,10 @@ class Program:
     # Per loop, branch or barrier location: all its results (tokens included), edges or not.
     edge_results: dict[str, list[Value]] = field(default_factory=dict)
 
-    def new_value(self, name: str, shape: Shape) -> Value:
+    def new_value(self, name: str, shape: Shape, instruction: str | None = None) -> Value:
         array = shape if isinstance(shape, ArrayShape) else None
         value = Value(len(self.values), name, array.dims if array is not None else None, array)
+        value.instruction = instruction or name
         self.values.append(value)
         return value
 
@@ -295,7 +309,7 @@ class _Builder:
     def fresh(self, inst: Instruction, shape: Shape, suffix: str = "") -> Tree:
         if isinstance(shape, TupleShape):
             return [self.fresh(inst, element, f"{suffix}.{i}") for i, element in enumerate(shape.elements)]
-        return Leaf(self.p.new_value(inst.name + suffix, shape))
+        return Leaf(self.p.new_value(inst.name + suffix, shape, inst.name))
 
     def add_op(self, op: Op) -> Op:
         self.p.ops.append(op)

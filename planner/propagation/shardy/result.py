@@ -14,30 +14,30 @@ from collections.abc import Mapping
 from planner.hlo.ir import HloModule
 from planner.propagation import PropagatedInstruction, PropagationResult
 from planner.propagation.graph import Provenance
+from planner.propagation.shardy.program import Origin
 from planner.sharding.hlo_sharding import HloSharding
-
-SHARDY_RULE = "shardy"
 
 
 def propagation_result(
-    module: HloModule, shardings: dict[str, HloSharding], aliases: Mapping[str, str] | None = None
+    module: HloModule, decisions: dict[str, tuple[HloSharding, Origin]], aliases: Mapping[str, str] | None = None
 ) -> PropagationResult:
     """`aliases`: names the prepare passes retired, each to the one that holds its value now."""
     instructions = []
     for comp in module.computations:
         for inst in comp.instructions:
-            sharding = shardings.get(inst.name)
-            if sharding is None and inst.opcode == "custom-call" and inst.operands:
+            decided = decisions.get(inst.name)
+            if decided is None and inst.opcode == "custom-call" and inst.operands:
                 s = inst.sharding
                 if s is not None and s.shard_group is not None:  # a shard_alike marker read as GSPMD's
-                    sharding = shardings.get(inst.operands[0])
+                    decided = decisions.get(inst.operands[0])
+            sharding, origin = decided if decided is not None else (None, None)
             instructions.append(
                 PropagatedInstruction(
                     inst.name,
                     comp.name,
                     inst.opcode,
                     sharding,
-                    Provenance(SHARDY_RULE) if sharding is not None else None,
+                    Provenance(f"Shardy: {origin.reason}", origin.sources) if origin is not None else None,
                     None,
                     inst.operands,
                     inst.attr("index") if inst.opcode == "get-tuple-element" else None,

@@ -104,11 +104,11 @@ def _with_priority(step: int) -> Callable[[Op, int], Direction]:
 
 
 def run_strategy(
-    program: Program, strategy: str, direction: Callable[[Op, int], Direction], conservative: bool
+    program: Program, strategy: str, direction: Callable[[Op, int], Direction], conservative: bool, label: str = ""
 ) -> None:
     names = ("basic", "aggressive") if strategy == "basic-then-aggressive" else (strategy,)
     for name in names:
-        Propagation(program, STRATEGIES[name], direction, conservative).run()
+        Propagation(program, STRATEGIES[name], direction, conservative, label).run()
 
 
 def run_op_priority(program: Program, conservative: bool = False) -> None:
@@ -116,7 +116,7 @@ def run_op_priority(program: Program, conservative: bool = False) -> None:
         # Rules are created on first visit; step 2's filter reads them, so make sure they exist.
         for op in program.ops:
             rule_of(op, conservative)
-        run_strategy(program, "aggressive", _with_priority(step), conservative)
+        run_strategy(program, "aggressive", _with_priority(step), conservative, f"op-priority step {step}")
 
 
 # --- user priorities ---------------------------------------------------------------------------

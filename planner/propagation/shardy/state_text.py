@@ -63,8 +63,11 @@ def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bo
             if text is not None:
                 out[op.loc] = text
     for manual in program.manual:
-        out[f"{manual.loc}:in_shardings"] = _per_value(manual.current_in_shardings())
-        out[f"{manual.loc}:out_shardings"] = _per_value(manual.current_out_shardings())
+        # Until the edges are sunk, the edges hold what propagation found and the op keeps what was written.
+        ins = manual.current_in_shardings() if edges_sunk else manual.in_shardings
+        outs = manual.current_out_shardings() if edges_sunk else manual.out_shardings
+        out[f"{manual.loc}:in_shardings"] = _per_value(ins)
+        out[f"{manual.loc}:out_shardings"] = _per_value(outs)
     if edges_sunk:
         for loc, values in program.edge_results.items():
             text = per_value_text(values, closed=constraints_as_reshards)
