@@ -169,7 +169,7 @@ def run_case(case: dict) -> CaseResult:
         module = parse_hlo(read_stablehlo(case["module"]))
         result.test_meshes = declared_meshes(case["module"])
         result.module_meshes = module_meshes(module)
-        program = build_program(module, result.module_meshes, order_key=instruction_id)
+        program = build_program(module, result.module_meshes, order_key=instruction_id, keep_dead=not passes.pipeline)
         if passes.pipeline:
             run_import(program)
         elif passes.apply_constraints:

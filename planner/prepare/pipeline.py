@@ -35,6 +35,7 @@ from planner.prepare.module_dce import HloModuleDce
 from planner.prepare.prepared import PassRecord, PreparedModule
 from planner.prepare.reduce_rewriter import TpuReduceRewriter
 from planner.prepare.rewrite import ModulePass
+from planner.prepare.shardy_round_trip import ShardyRoundTrip
 from planner.prepare.sparse_gradient import SparseGradientRewrite
 from planner.prepare.while_simplifier import WhileLoopSimplifier
 from planner.prepare.x64_rewriter import X64Rewriter
@@ -195,6 +196,10 @@ def _target_passes(
         passes = (*passes, AddedRootsLast.of(source))
     shardy: HloModule | None = None
     if shardy_front is not None:
+        if ShardyRoundTrip.NAME not in disabled:
+            # The loops as `shardy-xla`'s round trip through StableHLO leaves them (after the list order,
+            # which its capture order depends on): what both Shardy and the partitioner see.
+            passes = (*passes, ShardyRoundTrip())
         shardy, target_aliases, target_records = _run(shardy_front, passes)
         read = ShardyImport().run(shardy)
         module = read.module

@@ -51,6 +51,27 @@ def remove_size_one_axes(program: Program) -> None:
     _map_shardings(program, strip)
 
 
+def manual_axes_cleanup(program: Program) -> None:
+    """A manual axis a `shard_map`'s in- or out-sharding does not use is replicated there
+    (`manual_axes_cleanup.cc`): propagation may not put a manual axis on its operands or results."""
+
+    def with_unused_replicated(s: TensorSharding, manual: tuple[str, ...]) -> TensorSharding:
+        used = {a.name for d in s.dims for a in d.axes} | {a.name for a in (*s.replicated, *s.unreduced)}
+        missing = [AxisRef(name) for name in manual if name not in used]
+        if not missing:
+            return s
+        order = [name for name, _ in _mesh(program, s).axes]
+        replicated = sorted((*s.replicated, *missing), key=lambda a: (order.index(a.name), ax.pre_size(a)))
+        return replace(s, replicated=tuple(replicated))
+
+    for manual in program.manual:
+        manual.in_shardings = [with_unused_replicated(s, manual.manual_axes) for s in manual.in_shardings]
+        manual.out_shardings = [with_unused_replicated(s, manual.manual_axes) for s in manual.out_shardings]
+        for result in manual.results:
+            if result.sharding is not None:
+                result.sharding = with_unused_replicated(result.sharding, manual.manual_axes)
+
+
 def _is_fully_closed(s: TensorSharding) -> bool:
     return all(not d.is_open for d in s.dims)
 
@@ -119,8 +140,10 @@ def update_non_divisible_io(program: Program) -> None:
 
 
 def close_shardings(program: Program) -> None:
+    """Every dim closed and the replicated axes dropped, unreduced ones kept (`getClosedLike`)."""
+
     def close(s: TensorSharding) -> TensorSharding:
-        return replace(s, dims=tuple(replace(d, is_open=False) for d in s.dims))
+        return replace(s, dims=tuple(replace(d, is_open=False) for d in s.dims), replicated=())
 
     _map_shardings(program, close)
 
@@ -128,6 +151,7 @@ def close_shardings(program: Program) -> None:
 def run_import(program: Program) -> None:
     remove_size_one_axes(program)
     split_constants(program)
+    manual_axes_cleanup(program)
     apply_sharding_constraints(program)
 
 

@@ -232,15 +232,21 @@ def _op_name(inst: Instruction) -> str:
 _SIDE_EFFECTING = frozenset({"send", "send-done", "recv", "recv-done", "outfeed", "infeed", "after-all", "rng"})
 
 
-def _live(comp: Computation) -> set[str]:
+def _live(comp: Computation, keep_located: bool) -> set[str]:
     """What the root reads, and whatever has a side effect: Shardy's import erases the rest (its
     canonicalizer drops trivially dead ops), such as the dead `reshape` JAX writes beside a result's
-    sharding to carry its GSPMD form."""
+    sharding to carry its GSPMD form.
+
+    `keep_located`: no import runs (a single pass of Shardy's, as its lit tests run them), so a dead op
+    stays and propagates; only what the conversion to HLO added (an instruction without a location) goes.
+    """
     live: set[str] = set()
     stack = [comp.root_name] + [
         i.name
         for i in comp.instructions
-        if i.opcode in _SIDE_EFFECTING or (i.opcode == "custom-call" and i.attr("custom_call_has_side_effect"))
+        if i.opcode in _SIDE_EFFECTING
+        or (i.opcode == "custom-call" and i.attr("custom_call_has_side_effect"))
+        or (keep_located and i.metadata is not None and i.metadata.op_name)
     ]
     while stack:
         name = stack.pop()
@@ -275,17 +281,20 @@ def instruction_id(inst: Instruction) -> int:
 
 
 class _Builder:
-    def __init__(self, module: HloModule, program: Program, order_key: OrderKey | None = None) -> None:
+    def __init__(
+        self, module: HloModule, program: Program, order_key: OrderKey | None = None, keep_dead: bool = False
+    ) -> None:
         self.module = module
         self.p = program
         self.order_key = order_key
+        self.keep_dead = keep_dead
         self.manual_stack: list[ManualComputation] = []
         self.current: Computation | None = None
 
     def order(self, comp: Computation) -> list[Instruction]:
         """The live instructions in program order: as written (XLA's post order, which its importer
         follows), or by `order_key` (kept topological) where the module keeps an order the text lost."""
-        live = _live(comp)
+        live = _live(comp, self.keep_dead)
         insts = [i for i in comp.instructions if i.name in live]
         if self.order_key is None:
             return insts
@@ -552,14 +561,17 @@ class _Builder:
                     value.target_uses.append(op)
 
 
-def build_program(module: HloModule, meshes: dict[str, SdyMesh], order_key: OrderKey | None = None) -> Program:
+def build_program(
+    module: HloModule, meshes: dict[str, SdyMesh], order_key: OrderKey | None = None, keep_dead: bool = False
+) -> Program:
     """The Shardy view of `module`'s entry computation, calls and loops included.
 
     `order_key`: order each computation's ops by it (kept topological), for a module converted from MLIR
-    whose instructions still say the MLIR module's own order (`instruction_id`).
+    whose instructions still say the MLIR module's own order (`instruction_id`). `keep_dead`: Shardy runs
+    without its import, whose canonicalizer would erase dead ops (see `_live`).
     """
     program = Program(meshes)
-    builder = _Builder(module, program, order_key)
+    builder = _Builder(module, program, order_key, keep_dead)
     entry = module.entry
     params: dict[int, Tree] = {}
     for inst in entry.parameters:
