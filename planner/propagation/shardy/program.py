@@ -28,6 +28,7 @@ from planner.errors import UnsupportedHlo
 from planner.hlo.frontend_attributes import FrontendAttributes
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.shardy_import import named_shardings
 from planner.propagation.shardy.factor_propagation import Direction
 from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
 from planner.propagation.shardy.rule import OpShardingRule
@@ -192,13 +193,20 @@ def _frontend(inst: Instruction) -> FrontendAttributes | None:
 
 
 def _sdy_shardings(inst: Instruction) -> tuple[TensorSharding, ...] | None:
+    """What the instruction says Shardy's sharding is: `xla.sdy.sharding` (JAX's round-trip attribute),
+    else a Shardy sharding XLA writes natively in `sharding=` (`{mesh['x'=4], [{'x'}, {?}]}`, jax 0.12's
+    dumps), its mesh inline."""
     attrs = _frontend(inst)
-    if attrs is None:
-        return None
-    if attrs.sdy_sharding is not None:
-        return attrs.sdy_sharding
-    text = attrs.get("xla.sdy.sharding")
-    return parse_sharding(text) if text else None
+    if attrs is not None:
+        if attrs.sdy_sharding is not None:
+            return attrs.sdy_sharding
+        text = attrs.get("xla.sdy.sharding")
+        if text:
+            return parse_sharding(text)
+    named = named_shardings(inst)
+    if named and all(n is not None for n in named):
+        return tuple(n.sharding for n in named if n is not None)
+    return None
 
 
 def constraint_from_hlo(inst: Instruction, meshes: dict[str, SdyMesh]) -> TensorSharding | None:
@@ -584,7 +592,15 @@ def build_program(
     for number in sorted(params):
         program.args.extend(leaf.value for leaf in _leaves(params[number]))
     root = builder.computation(entry, params)
-    for leaf in _leaves(root):
-        program.results.append(FuncResult(leaf.value, leaf.func_result))
+    # XLA's own dump writes the function's result shardings natively on the root (where JAX's text has
+    # `xla.sdy.FuncResultSharding` calls).
+    on_root = named_shardings(entry.root)
+    leaves = _leaves(root)
+    for k, leaf in enumerate(leaves):
+        result_sharding = leaf.func_result
+        written = on_root[k] if len(on_root) == len(leaves) else None
+        if result_sharding is None and written is not None:
+            result_sharding = written.sharding
+        program.results.append(FuncResult(leaf.value, result_sharding))
         leaf.value.extra_uses += 1
     return program
