@@ -36,7 +36,7 @@ from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.mesh import Mesh
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
 from planner.sharding.named_text import NamedSharding, parse_named_sharding
-from planner.sharding.shardy import SdyMesh, TensorSharding, to_hlo_sharding
+from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding, to_hlo_sharding
 
 GSPMD = "gspmd"
 SHARDY = "shardy"
@@ -79,6 +79,41 @@ def named_shardings(inst: Instruction) -> tuple[NamedSharding | None, ...]:
         if a.key == "sharding":
             return parse_named_sharding(a.text)
     return ()
+
+
+def shardy_constraint(
+    sharding: HloSharding, rank: int, meshes: dict[str, SdyMesh], open_dims: tuple[int, ...] = ()
+) -> TensorSharding | None:
+    """The Shardy sharding that places data as `sharding` does on the module's one mesh: what
+    `with_sharding_constraint(x, P(...))` writes, closed but for `open_dims` (`P.UNCONSTRAINED`). None
+    when the module has several meshes or `sharding` is no tiling of its mesh."""
+    if sharding.is_tuple or len(meshes) != 1:
+        return None
+    ((name, mesh),) = meshes.items()
+    from planner.mesh import Mesh
+    from planner.plan.manifest import spec_axes, spec_from_sharding
+
+    grid = Mesh(tuple(s for _, s in mesh.axes), tuple(n for n, _ in mesh.axes), mesh.device_ids)
+    try:
+        spec = spec_from_sharding(sharding, rank, grid)
+    except ValueError:
+        return None
+    dims = tuple(
+        DimSharding(tuple(AxisRef(a) for a in spec_axes(entry)), is_open=d in open_dims) for d, entry in enumerate(spec)
+    )
+    return TensorSharding(name, dims)
+
+
+def sdy_sharding_attribute(values: tuple[TensorSharding, ...]) -> Attribute:
+    """`frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[...]>"}`, as JAX's round trip writes it."""
+    text = "#sdy.sharding_per_value<[" + ", ".join(v.to_text() for v in values) + "]>"
+    items = (("xla.sdy.sharding", text),)
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return Attribute(
+        "frontend_attributes",
+        FrontendAttributes(items, sdy_sharding=values),
+        '{xla.sdy.sharding="' + escaped + '"}',
+    )
 
 
 def partitioner_of(module: HloModule) -> str:

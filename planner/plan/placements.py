@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
+from planner.hlo.shardy_import import SHARDY, module_meshes, partitioner_of, sdy_sharding_attribute, shardy_constraint
 from planner.plan.manifest import AxisSpec
 from planner.plan.output_pairs import OutputGradient
 from planner.plan.scan_pairs import AccumulatedGradient, StackedGradient, is_shard_group_only, layer_sharding
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
+from planner.sharding.shardy import SdyMesh
 from planner.sharding.text import parse_sharding
 
 
@@ -183,13 +185,18 @@ def apply_placements(module: HloModule, placements: list[Placement]) -> HloModul
         for a in p.annotations:
             by_comp.setdefault(a.computation, []).append(a)
     taken = {inst.name for comp in module.computations for inst in comp}
+    # In a Shardy module a pin is Shardy's sharding constraint too, as `with_sharding_constraint` writes it.
+    meshes = module_meshes(module) if partitioner_of(module) == SHARDY else None
     comps = [
-        _annotate(comp, by_comp[comp.name], taken) if comp.name in by_comp else comp for comp in module.computations
+        _annotate(comp, by_comp[comp.name], taken, meshes) if comp.name in by_comp else comp
+        for comp in module.computations
     ]
     return dataclasses.replace(module, computations=tuple(comps))
 
 
-def _annotate(comp: Computation, annotations: list[Annotation], taken: set[str]) -> Computation:
+def _annotate(
+    comp: Computation, annotations: list[Annotation], taken: set[str], meshes: dict[str, SdyMesh] | None = None
+) -> Computation:
     pins = {a.instruction: a for a in annotations if a.sharding is not None}
     regroup = {a.instruction: a.shard_as for a in annotations if a.shard_as is not None}
     missing = (set(pins) | set(regroup)) - {i.name for i in comp}
@@ -216,6 +223,10 @@ def _annotate(comp: Computation, annotations: list[Annotation], taken: set[str])
         if pin.unspecified_dims:
             config = f"unspecified_dims=[{','.join(map(str, pin.unspecified_dims))}]"
             attributes.append(Attribute("backend_config", config, f'"{config}"'))
+        if meshes is not None and isinstance(inst.shape, ArrayShape):
+            constraint = shardy_constraint(sharding, inst.shape.rank, meshes, tuple(pin.unspecified_dims or ()))
+            if constraint is not None:
+                attributes.append(sdy_sharding_attribute((constraint,)))
         out.append(Instruction(name, "custom-call", inst.shape, (inst.name,), tuple(attributes)))
         renamed[inst.name] = name
     root = renamed.get(comp.root_name, comp.root_name)

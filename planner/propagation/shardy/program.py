@@ -28,11 +28,11 @@ from planner.errors import UnsupportedHlo
 from planner.hlo.frontend_attributes import FrontendAttributes
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
-from planner.hlo.shardy_import import named_shardings
+from planner.hlo.shardy_import import named_shardings, shardy_constraint
 from planner.propagation.shardy.factor_propagation import Direction
 from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
 from planner.propagation.shardy.rule import OpShardingRule
-from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding, parse_sharding
+from planner.sharding.shardy import SdyMesh, TensorSharding, parse_sharding
 
 # An op with a registry rule, a data-flow edge, a propagation barrier, and a sharding constraint the
 # import adds (one the module writes is a `Sharding` custom call, a RULE op).
@@ -210,24 +210,12 @@ def _sdy_shardings(inst: Instruction) -> tuple[TensorSharding, ...] | None:
 
 
 def constraint_from_hlo(inst: Instruction, meshes: dict[str, SdyMesh]) -> TensorSharding | None:
-    """A `Sharding` call that carries only an HloSharding (a placement the planner wrote, as
-    `with_sharding_constraint` would): the closed constraint that places data as it says, on the
-    module's one mesh."""
+    """A `Sharding` call that carries only an HloSharding (written as GSPMD's): the closed constraint that
+    places data as it says, on the module's one mesh."""
     sharding = inst.sharding
-    if sharding is None or sharding.is_tuple or not isinstance(inst.shape, ArrayShape) or len(meshes) != 1:
+    if sharding is None or not isinstance(inst.shape, ArrayShape):
         return None
-    ((name, mesh),) = meshes.items()
-    from planner.mesh import Mesh
-    from planner.plan.manifest import spec_axes, spec_from_sharding
-
-    axes = tuple(mesh.axes)
-    grid = Mesh(tuple(s for _, s in axes), tuple(n for n, _ in axes), mesh.device_ids)
-    try:
-        spec = spec_from_sharding(sharding, inst.shape.rank, grid)
-    except ValueError:
-        return None  # not a tiling of the mesh: left unannotated, as Shardy cannot say it
-    dims = tuple(DimSharding(tuple(AxisRef(a) for a in spec_axes(entry))) for entry in spec)
-    return TensorSharding(name, dims)
+    return shardy_constraint(sharding, inst.shape.rank, meshes)
 
 
 def _op_name(inst: Instruction) -> str:
