@@ -32,7 +32,7 @@ from planner.hlo.shardy_import import named_shardings, shardy_constraint
 from planner.propagation.shardy.factor_propagation import Direction
 from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
 from planner.propagation.shardy.rule import OpShardingRule
-from planner.sharding.shardy import SdyMesh, TensorSharding, parse_sharding
+from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_sharding
 
 # An op with a registry rule, a data-flow edge, a propagation barrier, and a sharding constraint the
 # import adds (one the module writes is a `Sharding` custom call, a RULE op).
@@ -455,10 +455,18 @@ class _Builder:
         carried = [leaf.value for leaf in _leaves(owners)]
         # An element the body returns unchanged is no loop value in StableHLO: the import's canonicalizer
         # removes it and the body reads the value it was initialised with (an implicit capture).
+        # XLA's round-trip import then reads a captured value that has a sharding through a fully open
+        # constraint of its own (`OpenWhileFreeVarsSharding`): inside the loop it may be sharded further.
         if isinstance(owners, list) and isinstance(init, list):
+            opened: dict[int, Leaf] = {}
             for i in _pass_through_elements(body):
                 if i < len(owners) and i < len(init):
-                    owners[i] = init[i]
+                    captured = init[i]
+                    if isinstance(captured, Leaf) and captured.value.sharding is not None:
+                        if id(captured.value) not in opened:
+                            opened[id(captured.value)] = Leaf(self._open_constraint(inst, captured.value))
+                        captured = opened[id(captured.value)]
+                    owners[i] = captured
         # Shardy visits the condition's region before the body's.
         mark = len(self.p.ops)
         self.computation(cond, {0: owners})
@@ -467,6 +475,15 @@ class _Builder:
         self._mark_targets([v for v in carried if id(v) in kept], mark)
         self.edges(inst, owners, [init, returned], [owners, owners])
         return owners
+
+    def _open_constraint(self, inst: Instruction, value: Value) -> Value:
+        like = value.sharding
+        assert like is not None and value.dims is not None
+        opened = self.p.new_value(f"{value.name}.free_in.{inst.name}", value.array or ArrayShape("f32", value.dims))
+        opened.instruction = value.instruction
+        opened.sharding = TensorSharding(like.mesh, tuple(DimSharding((), is_open=True) for _ in like.dims))
+        self.add_op(Op(CONSTRAINT, opened.name, _op_name(inst), [value], [opened]))
+        return opened
 
     def conditional(self, inst: Instruction, operands: list[Tree]) -> Tree:
         owners = self.fresh(inst, inst.shape)
