@@ -340,7 +340,8 @@ def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None
     on_cpu = prepare(before.prepared.source, "cpu", before.prepared.mesh, before.prepared.options)
 
     def cpu_total(sim: Simulation) -> int:
-        return memory_report(reprepare(on_cpu, sim.prepared.front), capacity_bytes).total_bytes
+        changed = reprepare(on_cpu, sim.prepared.front, shardy_front=sim.prepared.shardy_front)
+        return memory_report(changed, capacity_bytes).total_bytes
 
     return Predicted(cpu_total(before), cpu_total(after), before.total, after.total)
 

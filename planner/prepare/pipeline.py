@@ -151,12 +151,19 @@ def prepare(
     return _target_passes(module, front, backend, mesh, options, aliases, records, warnings, disabled)
 
 
-def reprepare(prepared: PreparedModule, front: HloModule, mesh: Mesh | None = None) -> PreparedModule:
-    """The target's passes run again on a changed `front` (placements written, a mesh or batch changed)."""
+def reprepare(
+    prepared: PreparedModule, front: HloModule, mesh: Mesh | None = None, shardy_front: HloModule | None = None
+) -> PreparedModule:
+    """The target's passes run again on a changed `front` (placements written, a mesh or batch changed).
+
+    A Shardy module is propagated by Shardy's rules again only when `shardy_front` carries the same change
+    in Shardy's form (what `annotate` keeps); otherwise the GSPMD reading is prepared and propagated.
+    """
     mesh = mesh if mesh is not None else prepared.mesh
     return _target_passes(
         prepared.source, front, prepared.target, mesh, prepared.options, prepared.aliases,
         prepared.passes[: _front_records(prepared)], prepared.warnings, prepared.disabled,
+        shardy_front=shardy_front,
     )  # fmt: skip
 
 
@@ -173,8 +180,14 @@ def annotate(prepared: PreparedModule, write: Callable[[HloModule], HloModule]) 
     """
     module = write(prepared.module)
     shardy = write(prepared.shardy) if prepared.shardy is not None else None
+    shardy_front = write(prepared.shardy_front) if prepared.shardy_front is not None else None
     return dataclasses.replace(
-        prepared, front=write(prepared.front), module=module, loops=while_loops(module), shardy=shardy
+        prepared,
+        front=write(prepared.front),
+        module=module,
+        loops=while_loops(module),
+        shardy=shardy,
+        shardy_front=shardy_front,
     )
 
 
@@ -224,6 +237,7 @@ def _target_passes(
         warnings=warnings,
         disabled=disabled,
         shardy=shardy,
+        shardy_front=shardy_front,
     )
 
 

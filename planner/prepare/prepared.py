@@ -44,8 +44,9 @@ class PreparedModule:
     warnings: tuple[str, ...] = field(default=())
     disabled: frozenset[str] = frozenset()  # target passes not run (`prepare`'s `disabled`)
     # A Shardy module as Shardy propagates it: `module` before it was read as GSPMD's, with the same
-    # instruction names (None: propagate `module` with GSPMD's rules).
+    # instruction names (None: propagate `module` with GSPMD's rules); and `front` likewise.
     shardy: HloModule | None = None
+    shardy_front: HloModule | None = None
 
     @property
     def compiler(self) -> str:
