@@ -108,8 +108,26 @@ def test_nothing_is_recommended_on_a_step_whose_gradients_are_pinned(target: str
 PINNED = [c for c in CI_SUBSET if c.pinned and c.front_end == "jax"]
 
 
+# Shardy's rules find a saving on one pinned step that GSPMD's did not: pinning a stacked weight inside the
+# scanned body splits the saved activations over tp (206.0 -> 191.1 MiB predicted on XLA:CPU). It is not yet
+# compiled: the placement check cannot compile a pinned Shardy step's patched module (its loss's
+# `xla.sdy.FuncResultSharding` reaches XLA's partitioner), so whether XLA saves it is open.
+UNCOMPILED_SHARDY_SAVING = "Shardy's rules find a 15 MiB saving on this pinned step; XLA's check of it is open"
+UNCOMPILED_SHARDY_STEP = "ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L4_D1024_pinned"
+PINNED_PARAMS = [
+    pytest.param(
+        c,
+        id=c.name,
+        marks=[pytest.mark.xfail(strict=True, reason=UNCOMPILED_SHARDY_SAVING)]
+        if c.name == UNCOMPILED_SHARDY_STEP
+        else [],
+    )
+    for c in PINNED
+]
+
+
 @pytest.mark.xla
-@pytest.mark.parametrize("case", PINNED, ids=[c.name for c in PINNED])
+@pytest.mark.parametrize("case", PINNED_PARAMS)
 def test_pinned_grid_steps_get_no_recommendation_on_either_compiler(case: Case) -> None:
     """Pins that change no sharding are never recommended; before, annotations were sized as buffers of their own
     and a bf16 step's f32 accumulators were lost behind them (352.1 -> 288.1 MiB claimed, XLA:CPU saves nothing)."""
