@@ -21,6 +21,7 @@ from planner.errors import UnfaithfulConversion
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
+from planner.hlo.shardy_import import partitioner_of
 from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
 from planner.plan.verify import FAITHFUL, OutputFlags, Texts, compile_forms, compile_with_xla, output_propagation
@@ -86,13 +87,18 @@ def _compile_path() -> str:
 
 
 def compiled_bytes(
-    text: str, num_devices: int, allow_output: OutputFlags, topology: str | None, conversion: str | None = None
+    text: str,
+    num_devices: int,
+    allow_output: OutputFlags,
+    topology: str | None,
+    conversion: str | None = None,
+    partitioner: str = "gspmd",
 ) -> int:
     """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
     ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one; `conversion` as in
-    `compile_with_xla`."""
+    `compile_with_xla`; `partitioner` the one the module names, which its user's compile runs."""
     compiler = topology or f"cpu:{num_devices}"
-    key_text = f"{compiler}\n{allow_output}\n{conversion}\n{_versions()}\n{_compile_path()}\n{text}"
+    key_text = f"{compiler}\n{allow_output}\n{conversion}\n{partitioner}\n{_versions()}\n{_compile_path()}\n{text}"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
     path = cache_dir() / ("tpu_compiles" if topology else "cpu_compiles") / f"{key}.json"
     if path.exists():
@@ -102,7 +108,9 @@ def compiled_bytes(
         return int(cached["total_bytes"])
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        report = compile_with_xla(text, num_devices, allow_output, tpu_topology=topology, conversion=conversion)
+        report = compile_with_xla(
+            text, num_devices, allow_output, tpu_topology=topology, conversion=conversion, partitioner=partitioner
+        )
     except UnfaithfulConversion as e:
         # A refusal is as much a property of the text as its bytes: kept, so a sweep does not convert it again.
         path.write_text(json.dumps({"compiler": compiler, "unfaithful": str(e)}))
@@ -118,10 +126,13 @@ def check_change_set(
     `original` as given, `front` its inlined form the placements are written into, `patched` that form with the
     plan's recommended placements."""
     allow_output = output_propagation(original)
+    partitioner = partitioner_of(original)
     texts = Texts(print_module(original), print_module(front), print_module(patched))
     as_given, before, after = compile_forms(
         texts,
-        lambda text, conversion: {"total_bytes": compiled_bytes(text, num_devices, allow_output, topology, conversion)},
+        lambda text, conversion: {
+            "total_bytes": compiled_bytes(text, num_devices, allow_output, topology, conversion, partitioner)
+        },
         None if is_torch_xla_module(original) else FAITHFUL,
     )
     return PlacementCheck(

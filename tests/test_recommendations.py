@@ -110,8 +110,8 @@ PINNED = [c for c in CI_SUBSET if c.pinned and c.front_end == "jax"]
 
 # Shardy's rules find a saving on one pinned step that GSPMD's did not: pinning a stacked weight inside the
 # scanned body splits the saved activations over tp (206.0 -> 191.1 MiB predicted on XLA:CPU). It is not yet
-# compiled: the placement check cannot compile a pinned Shardy step's patched module (its loss's
-# `xla.sdy.FuncResultSharding` reaches XLA's partitioner), so whether XLA saves it is open.
+# compiled with XLA's Shardy (the placement check cannot compile Shardy change sets yet), so whether XLA
+# saves it is open.
 UNCOMPILED_SHARDY_SAVING = "Shardy's rules find a 15 MiB saving on this pinned step; XLA's check of it is open"
 UNCOMPILED_SHARDY_STEP = "ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L4_D1024_pinned"
 PINNED_PARAMS = [

@@ -82,7 +82,11 @@ def named_shardings(inst: Instruction) -> tuple[NamedSharding | None, ...]:
 
 
 def shardy_constraint(
-    sharding: HloSharding, rank: int, meshes: dict[str, SdyMesh], open_dims: tuple[int, ...] = ()
+    sharding: HloSharding,
+    rank: int,
+    meshes: dict[str, SdyMesh],
+    open_dims: tuple[int, ...] = (),
+    declared: bool = True,
 ) -> TensorSharding | None:
     """The Shardy sharding that places data as `sharding` does on the module's one mesh: what
     `with_sharding_constraint(x, P(...))` writes, closed but for `open_dims` (`P.UNCONSTRAINED`). None
@@ -90,6 +94,8 @@ def shardy_constraint(
     if sharding.is_tuple or len(meshes) != 1:
         return None
     ((name, mesh),) = meshes.items()
+    # A module that declares no mesh (XLA's own dump writes each sharding's mesh inline) gets it inline.
+    mesh_ref: str | SdyMesh = name if declared else mesh
     from planner.mesh import Mesh
     from planner.plan.manifest import spec_axes, spec_from_sharding
 
@@ -101,7 +107,13 @@ def shardy_constraint(
     dims = tuple(
         DimSharding(tuple(AxisRef(a) for a in spec_axes(entry)), is_open=d in open_dims) for d, entry in enumerate(spec)
     )
-    return TensorSharding(name, dims)
+    return TensorSharding(mesh_ref, dims)
+
+
+def declares_meshes(module: HloModule) -> bool:
+    """Whether the module names its meshes (`xla.sdy.meshes`), as JAX's lowered text does."""
+    attrs = module.attr("frontend_attributes")
+    return isinstance(attrs, FrontendAttributes) and bool(attrs.sdy_meshes)
 
 
 def sdy_sharding_attribute(values: tuple[TensorSharding, ...]) -> Attribute:

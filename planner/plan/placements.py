@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
-from planner.hlo.shardy_import import SHARDY, module_meshes, partitioner_of, sdy_sharding_attribute, shardy_constraint
+from planner.hlo.shardy_import import (
+    SHARDY,
+    declares_meshes,
+    module_meshes,
+    partitioner_of,
+    sdy_sharding_attribute,
+    shardy_constraint,
+)
 from planner.plan.manifest import AxisSpec
 from planner.plan.output_pairs import OutputGradient
 from planner.plan.scan_pairs import AccumulatedGradient, StackedGradient, is_shard_group_only, layer_sharding
@@ -187,15 +194,20 @@ def apply_placements(module: HloModule, placements: list[Placement]) -> HloModul
     taken = {inst.name for comp in module.computations for inst in comp}
     # In a Shardy module a pin is Shardy's sharding constraint too, as `with_sharding_constraint` writes it.
     meshes = module_meshes(module) if partitioner_of(module) == SHARDY else None
+    declared = declares_meshes(module)
     comps = [
-        _annotate(comp, by_comp[comp.name], taken, meshes) if comp.name in by_comp else comp
+        _annotate(comp, by_comp[comp.name], taken, meshes, declared) if comp.name in by_comp else comp
         for comp in module.computations
     ]
     return dataclasses.replace(module, computations=tuple(comps))
 
 
 def _annotate(
-    comp: Computation, annotations: list[Annotation], taken: set[str], meshes: dict[str, SdyMesh] | None = None
+    comp: Computation,
+    annotations: list[Annotation],
+    taken: set[str],
+    meshes: dict[str, SdyMesh] | None = None,
+    declared: bool = True,
 ) -> Computation:
     pins = {a.instruction: a for a in annotations if a.sharding is not None}
     regroup = {a.instruction: a.shard_as for a in annotations if a.shard_as is not None}
@@ -224,7 +236,8 @@ def _annotate(
             config = f"unspecified_dims=[{','.join(map(str, pin.unspecified_dims))}]"
             attributes.append(Attribute("backend_config", config, f'"{config}"'))
         if meshes is not None and isinstance(inst.shape, ArrayShape):
-            constraint = shardy_constraint(sharding, inst.shape.rank, meshes, tuple(pin.unspecified_dims or ()))
+            open_dims = tuple(pin.unspecified_dims or ())
+            constraint = shardy_constraint(sharding, inst.shape.rank, meshes, open_dims, declared)
             if constraint is not None:
                 attributes.append(sdy_sharding_attribute((constraint,)))
         out.append(Instruction(name, "custom-call", inst.shape, (inst.name,), tuple(attributes)))
