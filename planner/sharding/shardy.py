@@ -142,7 +142,9 @@ _INT = re.compile(r"-?\d+")
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
-class _Reader:
+class ShardyReader:
+    """A cursor over Shardy attribute text: literals, patterns and comma lists, errors with their offset."""
+
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
@@ -195,7 +197,7 @@ class _Reader:
             self.expect(",", f"or '{close}' in {what}")
 
 
-def _mesh_body(r: _Reader) -> SdyMesh:
+def _mesh_body(r: ShardyReader) -> SdyMesh:
     """`<["a"=2, "b"=4], device_ids=[...]>` after `mesh`."""
     r.skip()
     start = r.pos
@@ -221,7 +223,7 @@ def _mesh_body(r: _Reader) -> SdyMesh:
         raise ShardyTextError(str(e), start) from None
 
 
-def _axis_ref(r: _Reader) -> AxisRef:
+def _axis_ref(r: ShardyReader) -> AxisRef:
     name = r.string('a quoted axis name like "fsdp"')
     if r.try_literal(":"):
         r.expect("(", f'to open the pre-size of sub-axis "{name}"')
@@ -234,7 +236,7 @@ def _axis_ref(r: _Reader) -> AxisRef:
     return AxisRef(name)
 
 
-def _dim(r: _Reader) -> DimSharding:
+def _dim(r: ShardyReader) -> DimSharding:
     r.expect("{", "to open a dim sharding")
     axes: list[AxisRef] = []
     is_open = False
@@ -256,13 +258,13 @@ def _dim(r: _Reader) -> DimSharding:
     return DimSharding(tuple(axes), is_open, priority)
 
 
-def _axis_set(r: _Reader) -> tuple[AxisRef, ...]:
+def _axis_set(r: ShardyReader) -> tuple[AxisRef, ...]:
     r.expect("=", "after replicated/unreduced")
     r.expect("{", "to open an axis set")
     return tuple(r.comma_list("}", lambda: _axis_ref(r), "an axis set"))
 
 
-def _tensor_sharding(r: _Reader) -> TensorSharding:
+def _tensor_sharding(r: ShardyReader) -> TensorSharding:
     """`<@mesh, [{...}, ...], replicated={...}>`, the mesh by name or inline."""
     r.expect("<", "to open a tensor sharding")
     mesh: str | SdyMesh
@@ -289,7 +291,7 @@ def _tensor_sharding(r: _Reader) -> TensorSharding:
 
 def parse_meshes(text: str) -> dict[str, SdyMesh]:
     """`{mesh = #sdy.mesh<[...]>, other = #sdy.mesh<[...]>}` (the module's `xla.sdy.meshes`)."""
-    r = _Reader(text)
+    r = ShardyReader(text)
     r.expect("{", "to open the meshes")
 
     def entry() -> tuple[str, SdyMesh]:
@@ -310,7 +312,7 @@ def parse_meshes(text: str) -> dict[str, SdyMesh]:
 
 def parse_sharding(text: str) -> tuple[TensorSharding, ...]:
     """`#sdy.sharding<...>` (one value) or `#sdy.sharding_per_value<[<...>, ...]>` (one per result)."""
-    r = _Reader(text)
+    r = ShardyReader(text)
     if r.try_literal("#sdy.sharding_per_value"):
         r.expect("<", "to open sharding_per_value")
         r.expect("[", "to open the per-value list")
@@ -326,7 +328,7 @@ def parse_sharding(text: str) -> tuple[TensorSharding, ...]:
 
 def parse_group_id(text: str) -> int:
     """`0 : i64` (`xla.sdy.sharding_group_id`)."""
-    r = _Reader(text)
+    r = ShardyReader(text)
     value = r.int("a sharding group id")
     if r.try_literal(":"):
         r.match(re.compile(r"i\d+"), "an integer type like i64")
@@ -432,7 +434,7 @@ def replica_groups_over(mesh: SdyMesh, refs: list[AxisRef]) -> tuple[tuple[int, 
 
 def parse_mesh(text: str) -> SdyMesh:
     """`<["a"=2, "b"=4], device_ids=[...]>`, a mesh as `sdy.mesh @name = ...` declares it in MLIR."""
-    r = _Reader(text)
+    r = ShardyReader(text)
     mesh = _mesh_body(r)
     r.end()
     return mesh

@@ -15,40 +15,20 @@ is `OpShardingRule.to_text()`'s:
 
 from __future__ import annotations
 
+import functools
 import re
 
 from planner.propagation.shardy.rule import OpShardingRule, TensorMapping
-from planner.sharding.shardy import ShardyTextError
+from planner.sharding.shardy import ShardyReader, ShardyTextError
 
 PREFIX = "#sdy.op_sharding_rule<"
 _SYMBOL = re.compile(r"z_(\d+)|([i-z])")
 _INT = re.compile(r"\d+")
 _KIND = re.compile(r"(reduction|need_replication|permutation|blocked_propagation)\s*=")
-_SPACE = re.compile(r"\s*")
 
 
-class _Cursor:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def fail(self, message: str) -> ShardyTextError:
-        found = self.text[self.pos : self.pos + 12]
-        return ShardyTextError(f"{message}, found {found!r}" if found else f"{message}, found the end", self.pos)
-
-    def skip(self) -> None:
-        self.pos = _SPACE.match(self.text, self.pos).end()  # type: ignore[union-attr]
-
-    def try_literal(self, literal: str) -> bool:
-        self.skip()
-        if self.text.startswith(literal, self.pos):
-            self.pos += len(literal)
-            return True
-        return False
-
-    def expect(self, literal: str, what: str) -> None:
-        if not self.try_literal(literal):
-            raise self.fail(f"expected '{literal}' {what}")
+class _Cursor(ShardyReader):
+    """Shardy's attribute reader, with factor symbols (`i`..`z`, `z_1`, ...) and sizes that are never negative."""
 
     def try_symbol(self) -> int | None:
         """The factor index a symbol names; no space may come inside a dim (`ij`)."""
@@ -66,12 +46,7 @@ class _Cursor:
         return index
 
     def int(self, what: str) -> int:
-        self.skip()
-        m = _INT.match(self.text, self.pos)
-        if m is None:
-            raise self.fail(f"expected {what}")
-        self.pos = m.end()
-        return int(m.group(0))
+        return int(self.match(_INT, what).group(0))
 
 
 def parse_optional_rule(text: str) -> OpShardingRule | None:
@@ -110,22 +85,14 @@ def parse_rule(text: str) -> OpShardingRule:
         if m is None:
             break
         c.pos = m.end()
-        c.expect("{", f"to open {m.group(1)}")
-        factors: list[int] = []
-        if not c.try_literal("}"):
-            while True:
-                factors.append(c.symbol(f"in {m.group(1)}"))
-                if c.try_literal("}"):
-                    break
-                c.expect(",", f"or '}}' in {m.group(1)}")
-        kinds[m.group(1)] = tuple(factors)
+        kind = m.group(1)
+        c.expect("{", f"to open {kind}")
+        kinds[kind] = tuple(c.comma_list("}", functools.partial(c.symbol, f"in {kind}"), kind))
     is_custom = c.try_literal(",")
     if is_custom:
         c.expect("custom", "after ','")
     c.expect(">", "to close the sharding rule")
-    c.skip()
-    if c.pos != len(text):
-        raise c.fail("unexpected text after the sharding rule")
+    c.end()
     try:
         return OpShardingRule(
             factor_sizes=tuple(sizes[i] for i in range(len(sizes))),
@@ -143,26 +110,16 @@ def parse_rule(text: str) -> OpShardingRule:
 
 def _tensors(c: _Cursor) -> tuple[TensorMapping, ...]:
     c.expect("(", "to open a list of tensor mappings")
-    tensors: list[TensorMapping] = []
-    if c.try_literal(")"):
-        return ()
-    while True:
-        tensors.append(_tensor(c))
-        if c.try_literal(")"):
-            return tuple(tensors)
-        c.expect(",", "or ')' between tensor mappings")
+    return tuple(c.comma_list(")", lambda: _tensor(c), "the tensor mappings"))
 
 
 def _tensor(c: _Cursor) -> TensorMapping:
     c.expect("[", "to open a tensor mapping")
-    dims: list[tuple[int, ...]] = []
-    if c.try_literal("]"):
-        return ()
-    while True:
-        factors = [c.symbol("in a dim mapping")]
-        while (more := c.try_symbol()) is not None:
-            factors.append(more)
-        dims.append(tuple(factors))
-        if c.try_literal("]"):
-            return tuple(dims)
-        c.expect(",", "or ']' between dims")
+    return tuple(c.comma_list("]", lambda: _dim(c), "a tensor mapping"))
+
+
+def _dim(c: _Cursor) -> tuple[int, ...]:
+    factors = [c.symbol("in a dim mapping")]
+    while (more := c.try_symbol()) is not None:
+        factors.append(more)
+    return tuple(factors)
