@@ -7,6 +7,7 @@ equal them, a memory error lies in the memory model, not in propagation.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,17 +47,19 @@ def while_shape_mismatches(
     xla_whiles = [w for w in xla_whiles if not partitioner_made(w)]
     ours = [i for i in result.instructions if i.opcode == "while"]
     compared, misses = 0, []
-    seen_arity: dict[int, int] = {}
+    xla_leaves = []
     for entry in xla_whiles:
         xla_shape = parse_shape(Cursor(entry["shape"]), {})
         assert isinstance(xla_shape, TupleShape)
-        xla_dims = [leaf.dims for leaf in xla_shape.leaves()]
+        xla_leaves.append([leaf.dims for leaf in xla_shape.leaves()])
+    arities = Counter(len(dims) for dims in xla_leaves)
+    seen_arity: Counter[int] = Counter()
+    for entry, xla_dims in zip(xla_whiles, xla_leaves, strict=True):
         matches = [w for w in ours if len(shapes[w.name].leaves()) == len(xla_dims)]
         # Loops of one arity (a step's two microbatch loops) pair in the order both modules list them.
-        nth = seen_arity.get(len(xla_dims), 0)
-        seen_arity[len(xla_dims)] = nth + 1
-        same_count = sum(1 for w in xla_whiles if w["shape"].count("[") == entry["shape"].count("["))
-        if len(matches) != 1 and not (len(matches) == same_count and nth < len(matches)):
+        nth = seen_arity[len(xla_dims)]
+        seen_arity[len(xla_dims)] += 1
+        if len(matches) != 1 and len(matches) != arities[len(xla_dims)]:
             misses.append(f"{entry['name']}: {len(matches)} loops of arity {len(xla_dims)} in our module")
             continue
         loop = matches[nth] if len(matches) > 1 else matches[0]

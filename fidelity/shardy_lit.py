@@ -74,6 +74,8 @@ class CaseResult:
     expected: dict[str, str]
     got: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    # Expected values left out of the comparison: ops the conversion to HLO wrote without their location.
+    uncompared: int = 0
 
     # The meshes as the test declares them, and as the module read through HLO names them.
     test_meshes: dict[str, SdyMesh] = field(default_factory=dict)

@@ -157,13 +157,13 @@ class Propagation:
             op = self._stack.pop()
             self._queued.discard(id(op))
             self._current = op
-            self.propagate_op(op, notify=True)
+            self.propagate_op(op)
         self._current = None
         self.func_results()
 
     # --- one op ------------------------------------------------------------------------------
 
-    def propagate_op(self, op: Op, notify: bool) -> bool:
+    def propagate_op(self, op: Op) -> bool:
         rule = rule_of(op, self.conservative)
         if rule is None:
             return False
@@ -185,14 +185,11 @@ class Propagation:
                 operands,
                 results,
                 direction,
-                notify,
                 lambda v, s: self._set(v, after(s)),
                 False,
                 result_shardings=[before(results[0].sharding)],
             )
-        return self.propagate_tensors(
-            op, rule, operands, results, direction, notify, lambda v, s: self._set(v, s), is_elementwise(op)
-        )
+        return self.propagate_tensors(op, rule, operands, results, direction, self._set, is_elementwise(op))
 
     def propagate_tensors(
         self,
@@ -201,7 +198,6 @@ class Propagation:
         operands: list[Value],
         results: list[Value],
         direction: Callable[[int], Direction],
-        notify: bool,
         set_result: Callable[[Value, TensorSharding], None],
         elementwise: bool,
         result_shardings: list[TensorSharding | None] | None = None,
@@ -229,13 +225,13 @@ class Propagation:
                 new = projection.operands[i].to_tensor_sharding(
                     rule.operand_mappings[i], rule.factor_sizes, mesh_name, mesh
                 )
-                changed |= self._update(value, operand_shardings[i], new, notify, self._set)
+                changed |= self._update(value, operand_shardings[i], new, self._set)
         for i, value in enumerate(results):
             if update.results[i]:
                 new = projection.results[i].to_tensor_sharding(
                     rule.result_mappings[i], rule.factor_sizes, mesh_name, mesh
                 )
-                changed |= self._update(value, result_now[i], new, notify, set_result)
+                changed |= self._update(value, result_now[i], new, set_result)
         return changed
 
     def _update(
@@ -243,7 +239,6 @@ class Propagation:
         value: Value,
         old: TensorSharding | None,
         new: TensorSharding,
-        notify: bool,
         setter: Callable[[Value, TensorSharding], None],
     ) -> bool:
         if (old is None and _all_empty(new)) or new == old:
@@ -251,7 +246,7 @@ class Propagation:
         setter(value, new)
         return True
 
-    def _set(self, value: Value, sharding: TensorSharding, notify: bool = True) -> None:
+    def _set(self, value: Value, sharding: TensorSharding) -> None:
         value.sharding = sharding
         value.origin = self._origin(value)
         self._notify_changed(value)
@@ -294,7 +289,6 @@ class Propagation:
                 [value],
                 [value],
                 lambda _f: Direction.BOTH,
-                False,
                 set_result,
                 False,
                 result_shardings=[result.sharding],
