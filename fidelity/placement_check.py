@@ -74,8 +74,8 @@ def _versions() -> str:
 
 # The code between a module's text and the compiler: a change to it changes what XLA is given, so the bytes.
 COMPILE_PATH = ("planner/plan/verify.py", "planner/plan/xla_compile.py", "planner/plan/stablehlo.py",
-                "planner/plan/round_trip.py", "planner/plan/free_outputs.py", "planner/hlo/seal.py",
-                "planner/hlo/compat.py")  # fmt: skip
+                "planner/plan/round_trip.py", "planner/plan/free_outputs.py", "planner/plan/shardy_stablehlo.py",
+                "planner/hlo/seal.py", "planner/hlo/compat.py")  # fmt: skip
 
 
 @functools.cache

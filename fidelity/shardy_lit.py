@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fidelity.named_computations import named_computations_as_calls
+from fidelity.written_edges import take_written_edges, written_edge_owners
 from planner.hlo.parser import parse_hlo
 from planner.hlo.shardy_import import module_meshes
 from planner.hlo.stablehlo_text import read_stablehlo
@@ -28,7 +30,7 @@ from planner.propagation.shardy.pipeline import apply_sharding_constraints, run_
 from planner.propagation.shardy.program import build_program, instruction_id
 from planner.propagation.shardy.schedule import propagate
 from planner.propagation.shardy.state_text import edge_shardings, expectations, sharding_text
-from planner.sharding.shardy import SdyMesh, parse_mesh, parse_sharding, to_hlo_sharding
+from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_mesh, parse_sharding, to_hlo_sharding
 
 _LOC = re.compile(r"l(\d+)c(\d+)")
 _SPACE = re.compile(r"\s+")
@@ -117,6 +119,8 @@ def _same_placement(expected: str, got: str, test_meshes: dict[str, SdyMesh], me
             return False  # same mesh: the text must be equal
         if w.open_dims != h.open_dims or len(w.dims) != len(h.dims):
             return False
+        # Unreduced axes have no GSPMD form: compared as the axes of one more dim, which places them alike.
+        w, h = _unreduced_as_dim(w), _unreduced_as_dim(h)
         try:
             same = to_hlo_sharding(w, test_meshes, len(w.dims)) == to_hlo_sharding(h, meshes, len(h.dims))
         except (KeyError, ValueError):
@@ -124,6 +128,12 @@ def _same_placement(expected: str, got: str, test_meshes: dict[str, SdyMesh], me
         if not same:
             return False
     return True
+
+
+def _unreduced_as_dim(sharding: TensorSharding) -> TensorSharding:
+    if not sharding.unreduced:
+        return sharding
+    return replace(sharding, dims=(*sharding.dims, DimSharding(sharding.unreduced)), unreduced=())
 
 
 def declared_meshes(module_text: str) -> dict[str, SdyMesh]:
@@ -168,10 +178,12 @@ def run_case(case: dict) -> CaseResult:
     result = CaseResult(case["name"], case["source"], dict(case["expect"]))
     try:
         passes = passes_of(case["pipeline"])
-        module = parse_hlo(read_stablehlo(case["module"]))
+        text, written_edges = take_written_edges(named_computations_as_calls(case["module"]))
+        module = parse_hlo(read_stablehlo(text))
         result.test_meshes = declared_meshes(case["module"])
         result.module_meshes = module_meshes(module)
         program = build_program(module, result.module_meshes, order_key=instruction_id, keep_dead=not passes.pipeline)
+        edge_owners = written_edge_owners(program, written_edges)
         if passes.pipeline:
             run_import(program)
         elif passes.apply_constraints:
@@ -181,7 +193,10 @@ def run_case(case: dict) -> CaseResult:
             run_export(program)
         result.got = expectations(program, passes.edges_sunk, constraints_as_reshards=passes.pipeline)
         edges = edge_shardings(program)
-        for key, (owner, index) in _edge_keys(case, case["module"], edges).items():
+        for key, value in edge_owners.items():
+            if value.sharding is not None:
+                result.got[key] = sharding_text(value.sharding)
+        for key, (owner, index) in _edge_keys(case, text, edges).items():
             sharding = edges[owner][index] if index < len(edges[owner]) else None
             if sharding is not None:
                 result.got[key] = sharding_text(sharding)

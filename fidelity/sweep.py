@@ -130,7 +130,9 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
             recommends = any(p.recommended for p in plan.placements)
             topology = case.tpu_topology if compiler == "tpu" else None
             if check_placements and recommends and (compiler == "cpu" or topology):
-                placement = check_change_set(module, prepared.front, patched, plan, case.mesh.num_devices, topology)
+                placement = check_change_set(
+                    module, prepared.written_front, patched, plan, case.mesh.num_devices, topology
+                )
         rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
                         propagation_agreement(prepared, result, whiles), shardings, gradients, placement,
                         recommends, lowered, stablehlo, dump))  # fmt: skip

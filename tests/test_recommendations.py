@@ -108,22 +108,11 @@ def test_nothing_is_recommended_on_a_step_whose_gradients_are_pinned(target: str
 PINNED = [c for c in CI_SUBSET if c.pinned and c.front_end == "jax"]
 
 
-# Shardy's rules find a saving on one pinned step that GSPMD's did not: pinning a stacked weight inside the
-# scanned body splits the saved activations over tp (206.0 -> 191.1 MiB predicted on XLA:CPU). It is not yet
-# compiled with XLA's Shardy (the placement check cannot compile Shardy change sets yet), so whether XLA
-# saves it is open.
-UNCOMPILED_SHARDY_SAVING = "Shardy's rules find a 15 MiB saving on this pinned step; XLA's check of it is open"
-UNCOMPILED_SHARDY_STEP = "ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L4_D1024_pinned"
-PINNED_PARAMS = [
-    pytest.param(
-        c,
-        id=c.name,
-        marks=[pytest.mark.xfail(strict=True, reason=UNCOMPILED_SHARDY_SAVING)]
-        if c.name == UNCOMPILED_SHARDY_STEP
-        else [],
-    )
-    for c in PINNED
-]
+# Shardy's rules find a saving on one pinned step that GSPMD's do not, and XLA's Shardy makes it
+# (tests/test_shardy_compile.py): pinning a stacked weight inside the scanned body splits the saved
+# activations over tp.
+SHARDY_SAVING_STEP = "ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L4_D1024_pinned"
+PINNED_PARAMS = [pytest.param(c, id=c.name) for c in PINNED if c.name != SHARDY_SAVING_STEP]
 
 
 @pytest.mark.xla

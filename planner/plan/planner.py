@@ -302,14 +302,20 @@ def _make_plan(
         return plan
 
     plan = assemble(after, verdicts, pin_every)
-    patched = after.prepared.front
+    patched = after.prepared.written_front
     if not verify:
         return plan, patched
     topology = tpu_topology(chip_name, num_devices) if chip_name is not None else None
     note("verifying the plan with real compiles")
     try:
         checked = verify_with_xla(
-            module, prepared.front, patched, gradients, num_devices, _predicted(before, after, capacity_bytes), topology
+            module,
+            prepared.written_front,
+            patched,
+            gradients,
+            num_devices,
+            _predicted(before, after, capacity_bytes),
+            topology,
         )
     except Unverifiable as e:
         plan.verification_skipped = str(e)
@@ -322,7 +328,7 @@ def _make_plan(
         for alternative in alternatives:
             if alternative.recommended:
                 alternative.recommended, alternative.why = False, withdrawn
-        plan, patched = assemble(before, verdicts, False, withdrawn), prepared.front
+        plan, patched = assemble(before, verdicts, False, withdrawn), prepared.written_front
     plan.verification = checked
     measured = measured_by_target(checked, prepared.compiler, withdrawn is not None)
     if measured is not None and plan.verdict is not None:

@@ -69,25 +69,29 @@ class StableHlo:
     summary: Mapping[str, int]
 
 
-def stablehlo_for(text: str, conversion: str | None = None) -> StableHlo:
-    """A torch_xla module through the faithful conversion, a JAX module as JAX's compile takes it.
+def stablehlo_for(text: str, conversion: str | None = None, partitioner: str = "gspmd") -> StableHlo:
+    """A torch_xla module through the faithful conversion, a JAX module as JAX's compile takes it; with
+    Shardy, its shardings in the `sdy` dialect as JAX writes them (`planner.plan.shardy_stablehlo`).
 
     `conversion` ("faithful" or "plain") overrides the choice. Raises `UnfaithfulConversion` for a
     module the faithful conversion cannot keep.
     """
     from planner.hlo.frontend import is_torch_xla_module
     from planner.hlo.parser import parse_hlo
+    from planner.plan.shardy_stablehlo import import_shardy
     from planner.plan.stablehlo import faithful_stablehlo, plain_stablehlo
 
     if conversion not in (None, "faithful", "plain"):
         raise ValueError(f"conversion must be 'faithful' or 'plain', not {conversion!r}")
-    if conversion == "plain":
-        return StableHlo(plain_stablehlo(text), "plain", {})
     module = parse_hlo(text)
-    if conversion is None and not is_torch_xla_module(module):
-        return StableHlo(plain_stablehlo(text), "plain", {})
-    converted = faithful_stablehlo(module)
-    return StableHlo(converted.mlir, "faithful", converted.summary())
+    if conversion == "plain" or (conversion is None and not is_torch_xla_module(module)):
+        converted = StableHlo(plain_stablehlo(text), "plain", {})
+    else:
+        faithful = faithful_stablehlo(module)
+        converted = StableHlo(faithful.mlir, "faithful", faithful.summary())
+    if partitioner != "shardy":
+        return converted
+    return StableHlo(import_shardy(converted.mlir, module), converted.conversion, converted.summary)
 
 
 def compile_spmd(
@@ -125,7 +129,7 @@ def _compile(
     # The partitioner the module names is the one its user's compile runs (JAX's default is Shardy).
     shardy = partitioner == "shardy"
     jax.config.update("jax_use_shardy_partitioner", shardy)
-    stablehlo = stablehlo_for(text, conversion)
+    stablehlo = stablehlo_for(text, conversion, partitioner)
     start = time.perf_counter()
     if tpu_topology is not None:
         from jax.experimental import topologies

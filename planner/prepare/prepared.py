@@ -52,6 +52,13 @@ class PreparedModule:
     def compiler(self) -> str:
         return self.target.compiler
 
+    @property
+    def written_front(self) -> HloModule:
+        """The inlined module in the partitioner's own terms: what a change set is written into, printed back
+        and compiled. A Shardy module's GSPMD reading drops its result pins (`xla.sdy.FuncResultSharding`),
+        so compiled under Shardy it is another step; its Shardy form is the step as given, inlined."""
+        return self.shardy_front if self.shardy_front is not None else self.front
+
     def loop(self, name: str) -> WhileLoop:
         for loop in self.loops:
             if loop.name == name:

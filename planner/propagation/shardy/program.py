@@ -44,6 +44,7 @@ GROUP = "xla.sdy.ShardingGroup"
 BARRIER_TARGET = "xla.sdy.PropagationBarrier"
 GLOBAL_TO_LOCAL = "xla.sdy.GlobalToLocalShape"
 LOCAL_TO_GLOBAL = "xla.sdy.LocalToGlobalShape"
+MANUAL_BODY_PREFIX = "xla.sdy.manual_computation_body"
 
 
 class Value:
@@ -172,6 +173,8 @@ class Program:
     split_from: dict[int, Value] = field(default_factory=dict)
     # Per loop, branch or barrier location: all its results (tokens included), edges or not.
     edge_results: dict[str, list[Value]] = field(default_factory=dict)
+    # Per named computation location: its block arguments and its results, each an edge's owner.
+    named: dict[str, tuple[list[Value], list[Value]]] = field(default_factory=dict)
 
     def new_value(self, name: str, shape: Shape, instruction: str | None = None) -> Value:
         array = shape if isinstance(shape, ArrayShape) else None
@@ -354,6 +357,8 @@ class _Builder:
             self.edges(inst, owners, [operands[0]], [])
             return owners
         if op == "call":
+            if is_named_computation(inst):
+                return self.named_computation(inst, operands)
             return self.computation(self.module.computation(inst.called_computations[0]), dict(enumerate(operands)))
         if op == "custom-call":
             target = inst.attr("custom_call_target")
@@ -423,13 +428,23 @@ class _Builder:
             self.computation(region, params)  # type: ignore[arg-type]
         return result
 
-    def edges(self, inst: Instruction, owners: Tree, sources: list[Tree], targets: list[Tree]) -> None:
+    def edges(
+        self,
+        inst: Instruction,
+        owners: Tree,
+        sources: list[Tree],
+        targets: list[Tree],
+        shardings: tuple[TensorSharding, ...] | None = None,
+    ) -> None:
+        """Data-flow edges owning `owners`' values, from `sources`; `shardings` the owners' own (default: the
+        ones `inst` writes)."""
         owner_leaves = _leaves(owners)
         defined = {id(leaf.value) for s in sources for leaf in _leaves(s)}
         self.p.edge_results.setdefault(_op_name(inst), []).extend(leaf.value for leaf in owner_leaves)
         source_leaves = [_leaves(s) for s in sources]
         target_leaves = [_leaves(t) for t in targets]
-        shardings = _sdy_shardings(inst)
+        if shardings is None:
+            shardings = _sdy_shardings(inst)
         for i, owner in enumerate(owner_leaves):
             if shardings is not None and i < len(shardings):
                 owner.value.sharding = shardings[i]
@@ -494,6 +509,31 @@ class _Builder:
         self.edges(inst, owners, returned, [])
         return owners
 
+    def named_computation(self, inst: Instruction, operands: list[Tree]) -> Tree:
+        """`sdy.named_computation`: the callee's parameters are block arguments, each the owner of an edge from
+        its operand (sharded as the callee's parameter says: `in_shardings`), and the call's results are owners
+        of edges from what the callee returns (sharded as the call says: `out_shardings`)."""
+        callee = self.module.computation(inst.called_computations[0])
+        args: dict[int, Tree] = {}
+        for param in callee.parameters:
+            assert param.parameter_number is not None
+            args[param.parameter_number] = self.fresh(param, param.shape)
+        by_number = {param.parameter_number: param for param in callee.parameters}
+        in_shardings: list[TensorSharding | None] = []
+        for number in sorted(args):
+            written = _sdy_shardings(by_number[number]) or ()
+            in_shardings.extend(written[k] if k < len(written) else None for k in range(len(_leaves(args[number]))))
+        block_args = [args[number] for number in sorted(args)]
+        self.edges(inst, block_args, [operands], [], tuple(in_shardings))  # type: ignore[arg-type]
+        returned = self.computation(callee, args)
+        results = self.fresh(inst, inst.shape)
+        self.edges(inst, results, [returned], [])
+        self.p.named[_op_name(inst)] = (
+            [leaf.value for arg in block_args for leaf in _leaves(arg)],
+            [leaf.value for leaf in _leaves(results)],
+        )
+        return results
+
     def enter_manual(self, inst: Instruction, operands: list[Tree]) -> Tree:
         attrs = _frontend(inst)
         manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
@@ -546,9 +586,10 @@ class _Builder:
         for k, (source, result) in enumerate(zip(returned, result_values, strict=True)):
             result.sharding = manual.out_shardings[k]
 
+            # The manual axes come back from the op's `out_shardings`, not from what the edge holds
+            # (`ManualComputationOp::transformTargetSharding`, kAfterEdgePropagation).
             def after(s: TensorSharding, k: int = k) -> TensorSharding:
-                current = manual.results[k].sharding or manual.out_shardings[k]
-                return add_free_axes(current, s, axes)
+                return add_free_axes(manual.out_shardings[k], s, axes)
 
             self.add_op(
                 Op(
@@ -572,6 +613,19 @@ class _Builder:
                 if id(value) in carried and op in value.uses:
                     value.uses.remove(op)
                     value.target_uses.append(op)
+
+
+def is_named_computation(inst: Instruction) -> bool:
+    """A call marked to stay a call (`inlineable="false"`) that is no shard_map body: Shardy imports a call that
+    reaches it as an `sdy.named_computation` (`ImportFuncCallsPass`), the form `sdy-export-named-computations`
+    writes back. Any other call is walked as if inlined; a shard_map body between its round-trip custom calls
+    (`enter_manual`, `leave_manual`)."""
+    attrs = _frontend(inst)
+    return (
+        attrs is not None
+        and attrs.get("inlineable") == "false"
+        and not inst.called_computations[0].startswith(MANUAL_BODY_PREFIX)
+    )
 
 
 def build_program(

@@ -69,7 +69,15 @@ def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bo
         out[f"{manual.loc}:in_shardings"] = _per_value(ins)
         out[f"{manual.loc}:out_shardings"] = _per_value(outs)
     if edges_sunk:
+        # A named computation's edges sink into its `in_shardings` (block arguments) and `out_shardings`.
+        for loc, (block_args, results) in program.named.items():
+            for key, values in ((f"{loc}:in_shardings", block_args), (f"{loc}:out_shardings", results)):
+                text = per_value_text(values, closed=constraints_as_reshards)
+                if text is not None:
+                    out[key] = text
         for loc, values in program.edge_results.items():
+            if loc in program.named:
+                continue
             text = per_value_text(values, closed=constraints_as_reshards)
             if text is not None:
                 out[loc] = text
