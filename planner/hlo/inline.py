@@ -33,7 +33,7 @@ def inline_calls(module: HloModule) -> InlinedModule:
         callee
         for comp in module.computations
         for inst in comp
-        if inst.opcode == "call"
+        if inlineable(inst)
         for callee in inst.called_computations
     )
     if not call_sites:
@@ -46,6 +46,16 @@ def inline_calls(module: HloModule) -> InlinedModule:
     still_called = {name for c in done.values() for inst in c for name in inst.called_computations}
     kept = tuple(done[c.name] for c in module.computations if c.name == module.entry_name or c.name in still_called)
     return InlinedModule(dataclasses.replace(module, computations=kept), resolve_chains(aliases))
+
+
+def inlineable(inst: Instruction) -> bool:
+    """A call XLA's CallInliner inlines before propagation: every call but one whose `inlineable` attribute says
+    otherwise (a shard_map's body in JAX's Shardy round trip: `"false"` from jax 0.7.1, `"xla_late"` from jax
+    0.12; XLA's dump before `shardy-xla` still shows either as a call)."""
+    if inst.opcode != "call":
+        return False
+    attrs = inst.attr("frontend_attributes")
+    return attrs is None or attrs.get("inlineable") in (None, "true")
 
 
 def resolve_chains(aliases: dict[str, str]) -> dict[str, str]:
@@ -84,14 +94,14 @@ def _callees_first(module: HloModule) -> list[Computation]:
 def _inline_into(
     comp: Computation, done: dict[str, Computation], call_sites: Counter[str], aliases: dict[str, str]
 ) -> Computation:
-    if not any(inst.opcode == "call" for inst in comp):
+    if not any(inlineable(inst) for inst in comp):
         return comp
     rename: dict[str, str] = {}
     out: list[Instruction] = []
     root = comp.root_name
     for inst in comp:
         operands = tuple(rename.get(o, o) for o in inst.operands)
-        if inst.opcode != "call":
+        if not inlineable(inst):
             out.append(dataclasses.replace(inst, operands=operands) if operands != inst.operands else inst)
             continue
         callee = done[inst.called_computations[0]]

@@ -18,8 +18,9 @@ Measured: the module JAX compiled for `ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L
 printed as HLO and compiled this way by XLA:CPU with Shardy, allocates 212,075,780 bytes per device,
 JAX's own compile's number to the byte.
 
-The rest of the round trip (shard_map's `xla.sdy.GlobalToLocalShape` / `LocalToGlobalShape`,
-`xla.sdy.ShardingGroup`) is imported by passes jaxlib does not register: such a module is refused.
+shard_map's round trip is rebuilt as XLA's `xla-sdy-round-trip-shard-map-import` does
+(`planner.plan.shard_map_import`); the rest (`xla.sdy.ShardingGroup`, ...) is imported by passes jaxlib
+does not register: such a module is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import re
 from planner.errors import UnfaithfulConversion
 from planner.hlo.ir import HloModule
 from planner.hlo.shardy_import import declares_meshes, module_meshes
+from planner.plan.shard_map_import import GLOBAL_TO_LOCAL, import_shard_maps
 
 ROUND_TRIP_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
 MESHES = "xla.sdy.meshes"
@@ -62,6 +64,9 @@ def import_shardy(mlir: bytes, module: HloModule) -> bytes:
         if undeclared is not None:
             _declare_meshes(parsed, undeclared)
         PassManager.parse(ROUND_TRIP_IMPORT).run(parsed.operation)
+        text = str(parsed)
+        if GLOBAL_TO_LOCAL in text:
+            parsed = ir.Module.parse(import_shard_maps(text))
         left = sorted({a or b for a, b in _ROUND_TRIP_CALL.findall(str(parsed))})
         if left:
             raise UnfaithfulConversion(
