@@ -100,12 +100,7 @@ def test_a_step_with_shard_maps_compiles_to_the_bytes_jax_compiled(form: str) ->
     module = parse_hlo_file(path)
     jax_bytes = json.loads((fixtures / "syntax_step.xla.json").read_text())["shardy"]["total_bytes"]
     text = path.read_text()
-    if form == "xla_dump" and jaxlib_version() >= (0, 8):
-        # jax 0.12's XLA writes a shard_map's shardings natively (`sharding={mesh[...], manual}`), which no
-        # round-trip import reads: refused by name rather than compiled as another step.
-        with pytest.raises(UnfaithfulConversion, match="shard_map"):
-            import_shardy(jaxlib_api.hlo_to_stablehlo(text), module)
-        return
+    # (jax 0.12's XLA dump writes the shardings natively, `sharding={mesh[...], manual}`: nothing to import.)
     assert compiled_bytes(text, 8, output_propagation(module), None, None, "shardy") == jax_bytes
 
 
@@ -121,3 +116,29 @@ def test_verify_compiles_a_step_with_shard_maps_with_shardy() -> None:
     v = plan.verification
     assert plan.verification_skipped is None and v is not None
     assert v.given_total_bytes == v.before_total_bytes == jax_bytes
+
+
+def test_a_round_trip_call_jaxlib_cannot_import_is_refused_by_name() -> None:
+    text = (
+        'HloModule m, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["x"=8]>}}\n\nENTRY e {\n'
+        '  p = f32[8] parameter(0), frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{\\"x\\"}]>"}\n'
+        '  g = () custom-call(p), custom_call_target="xla.sdy.ShardingGroup", custom_call_has_side_effect=true, '
+        'frontend_attributes={xla.sdy.sharding_group_id="0"}\n'
+        "  ROOT a = f32[8] add(p, p)\n}\n"
+    )
+    with pytest.raises(UnfaithfulConversion, match=r"xla\.sdy\.ShardingGroup, which jaxlib's compile path"):
+        import_shardy(jaxlib_api.hlo_to_stablehlo(text), parse_hlo(text))
+
+
+def test_a_shard_map_not_written_as_xla_writes_it_is_refused() -> None:
+    from planner.plan.shard_map_import import import_shard_maps
+
+    text = (
+        "module {\n  func.func @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {\n"
+        "    %0 = stablehlo.custom_call @xla.sdy.GlobalToLocalShape(%arg0) {mhlo.frontend_attributes = {}} : "
+        "(tensor<8xf32>) -> tensor<1xf32>\n"
+        "    %1 = stablehlo.add %0, %0 : tensor<1xf32>\n"
+        "    return %arg0 : tensor<8xf32>\n  }\n}\n"
+    )
+    with pytest.raises(UnfaithfulConversion, match="not written as XLA writes it"):
+        import_shard_maps(text)

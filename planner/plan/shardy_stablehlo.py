@@ -34,6 +34,8 @@ from planner.plan.shard_map_import import GLOBAL_TO_LOCAL, import_shard_maps
 
 ROUND_TRIP_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
 MESHES = "xla.sdy.meshes"
+# The frontend attributes that carry Shardy's shardings in the round-trip form.
+ROUND_TRIP_KEYS = (MESHES, "xla.sdy.sharding", "xla.sdy.in_shardings", "xla.sdy.out_shardings")
 FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
 _ROUND_TRIP_CALL = re.compile(r'stablehlo\.custom_call @(xla\.sdy\.\w+)|call_target_name = "(xla\.sdy\.\w+)"')
 
@@ -61,6 +63,10 @@ def import_shardy(mlir: bytes, module: HloModule) -> bytes:
     undeclared = meshes_text(module)
     with jax_mlir.make_ir_context():
         parsed = ir.Module.parse(mlir)
+        if not any(key in str(parsed) for key in ROUND_TRIP_KEYS):
+            # XLA's own dump on jax 0.12 writes Shardy shardings natively (`sharding={mesh[...], ...}`), which
+            # the importer and XLA read as they are: nothing to import.
+            return mlir
         if undeclared is not None:
             _declare_meshes(parsed, undeclared)
         PassManager.parse(ROUND_TRIP_IMPORT).run(parsed.operation)
