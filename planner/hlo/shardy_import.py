@@ -42,6 +42,10 @@ GSPMD = "gspmd"
 SHARDY = "shardy"
 FUNC_RESULT_SHARDING = "xla.sdy.FuncResultSharding"
 SHARDING_GROUP = "xla.sdy.ShardingGroup"
+# shard_map's round trip: the body is a call between these two custom calls.
+GLOBAL_TO_LOCAL = "xla.sdy.GlobalToLocalShape"
+LOCAL_TO_GLOBAL = "xla.sdy.LocalToGlobalShape"
+MANUAL_BODY_PREFIX = "xla.sdy.manual_computation_body"
 
 
 def module_meshes(module: HloModule) -> dict[str, SdyMesh]:

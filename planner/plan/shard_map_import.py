@@ -23,9 +23,8 @@ import re
 from dataclasses import dataclass
 
 from planner.errors import UnfaithfulConversion
+from planner.hlo.shardy_import import GLOBAL_TO_LOCAL, LOCAL_TO_GLOBAL
 
-GLOBAL_TO_LOCAL = "xla.sdy.GlobalToLocalShape"
-LOCAL_TO_GLOBAL = "xla.sdy.LocalToGlobalShape"
 _ENTER = re.compile(
     r"^(?P<indent>\s*)(?P<result>%[\w#]+)(?::\d+)? = stablehlo\.custom_call @xla\.sdy\.GlobalToLocalShape"
     r"\((?P<operands>[^)]*)\) \{(?P<attrs>.*)\} : \((?P<types>.*)\) -> .*$"

@@ -28,12 +28,12 @@ from __future__ import annotations
 import re
 
 from planner.errors import UnfaithfulConversion
+from planner.hlo.frontend_attributes import MESHES
 from planner.hlo.ir import HloModule
-from planner.hlo.shardy_import import declares_meshes, module_meshes
-from planner.plan.shard_map_import import GLOBAL_TO_LOCAL, import_shard_maps
+from planner.hlo.shardy_import import GLOBAL_TO_LOCAL, declares_meshes, module_meshes
+from planner.plan.shard_map_import import import_shard_maps
 
 ROUND_TRIP_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
-MESHES = "xla.sdy.meshes"
 # The frontend attributes that carry Shardy's shardings in the round-trip form.
 ROUND_TRIP_KEYS = (MESHES, "xla.sdy.sharding", "xla.sdy.in_shardings", "xla.sdy.out_shardings")
 FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
@@ -63,7 +63,8 @@ def import_shardy(mlir: bytes, module: HloModule) -> bytes:
     undeclared = meshes_text(module)
     with jax_mlir.make_ir_context():
         parsed = ir.Module.parse(mlir)
-        if not any(key in str(parsed) for key in ROUND_TRIP_KEYS):
+        text = str(parsed)
+        if not any(key in text for key in ROUND_TRIP_KEYS):
             # XLA's own dump on jax 0.12 writes Shardy shardings natively (`sharding={mesh[...], ...}`), which
             # the importer and XLA read as they are: nothing to import.
             return mlir
@@ -72,8 +73,9 @@ def import_shardy(mlir: bytes, module: HloModule) -> bytes:
         PassManager.parse(ROUND_TRIP_IMPORT).run(parsed.operation)
         text = str(parsed)
         if GLOBAL_TO_LOCAL in text:
-            parsed = ir.Module.parse(import_shard_maps(text))
-        left = sorted({a or b for a, b in _ROUND_TRIP_CALL.findall(str(parsed))})
+            text = import_shard_maps(text)
+            parsed = ir.Module.parse(text)
+        left = sorted({a or b for a, b in _ROUND_TRIP_CALL.findall(text)})
         if left:
             raise UnfaithfulConversion(
                 f"the module's Shardy form has {', '.join(left)}, which jaxlib's compile path has no import for "

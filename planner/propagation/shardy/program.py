@@ -26,9 +26,16 @@ from dataclasses import dataclass, field
 
 from planner.errors import UnsupportedHlo
 from planner.hlo.frontend_attributes import FrontendAttributes
+from planner.hlo.inline import inlineable
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, Shape, TupleShape
-from planner.hlo.shardy_import import named_shardings, shardy_constraint
+from planner.hlo.shardy_import import (
+    GLOBAL_TO_LOCAL,
+    LOCAL_TO_GLOBAL,
+    MANUAL_BODY_PREFIX,
+    named_shardings,
+    shardy_constraint,
+)
 from planner.propagation.shardy.factor_propagation import Direction
 from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
 from planner.propagation.shardy.rule import OpShardingRule
@@ -42,9 +49,6 @@ SHARDING_CONSTRAINT = "Sharding"
 FUNC_RESULT = "xla.sdy.FuncResultSharding"
 GROUP = "xla.sdy.ShardingGroup"
 BARRIER_TARGET = "xla.sdy.PropagationBarrier"
-GLOBAL_TO_LOCAL = "xla.sdy.GlobalToLocalShape"
-LOCAL_TO_GLOBAL = "xla.sdy.LocalToGlobalShape"
-MANUAL_BODY_PREFIX = "xla.sdy.manual_computation_body"
 
 
 class Value:
@@ -616,16 +620,11 @@ class _Builder:
 
 
 def is_named_computation(inst: Instruction) -> bool:
-    """A call marked to stay a call (`inlineable="false"`) that is no shard_map body: Shardy imports a call that
-    reaches it as an `sdy.named_computation` (`ImportFuncCallsPass`), the form `sdy-export-named-computations`
-    writes back. Any other call is walked as if inlined; a shard_map body between its round-trip custom calls
-    (`enter_manual`, `leave_manual`)."""
-    attrs = _frontend(inst)
-    return (
-        attrs is not None
-        and attrs.get("inlineable") == "false"
-        and not inst.called_computations[0].startswith(MANUAL_BODY_PREFIX)
-    )
+    """A call XLA's call inliner keeps (`planner.hlo.inline.inlineable`) that is no shard_map body: Shardy imports
+    a call that reaches it as an `sdy.named_computation` (`ImportFuncCallsPass`), the form
+    `sdy-export-named-computations` writes back. Any other call is walked as if inlined; a shard_map body
+    between its round-trip custom calls (`enter_manual`, `leave_manual`)."""
+    return not inlineable(inst) and not inst.called_computations[0].startswith(MANUAL_BODY_PREFIX)
 
 
 def build_program(
