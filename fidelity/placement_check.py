@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -21,10 +22,13 @@ from planner.errors import UnfaithfulConversion
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
+from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import partitioner_of
 from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
 from planner.plan.verify import FAITHFUL, OutputFlags, Texts, compile_forms, compile_with_xla, output_propagation
+from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.text import parse_sharding
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,10 @@ class PlacementCheck:
     xla_after: int
     predicted_before: int
     predicted_after: int
+    # The gradients XLA returns split over fewer devices than their parameters (parameter names), in the
+    # module as given and with the change set in; None where the compiler did not report output shardings.
+    under_sharded_before: tuple[str, ...] | None = None
+    under_sharded_after: tuple[str, ...] | None = None
 
     @property
     def xla_saving(self) -> int:
@@ -86,17 +94,26 @@ def _compile_path() -> str:
     return digest.hexdigest()
 
 
-def compiled_bytes(
+@dataclass(frozen=True)
+class Compiled:
+    """What one compile is kept for: bytes per chip and the sharding XLA gave each output leaf."""
+
+    total_bytes: int
+    output_shardings: tuple[str, ...] | None
+
+
+def compiled(
     text: str,
     num_devices: int,
     allow_output: OutputFlags,
     topology: str | None,
     conversion: str | None = None,
     partitioner: str = "gspmd",
-) -> int:
-    """jaxlib's bytes per chip for one module (argument + output + temp - alias), cached by content: XLA:TPU
-    ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices without one; `conversion` as in
-    `compile_with_xla`; `partitioner` the one the module names, which its user's compile runs."""
+) -> Compiled:
+    """jaxlib's bytes per chip for one module (argument + output + temp - alias) and its output shardings,
+    cached by content: XLA:TPU ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices
+    without one; `conversion` as in `compile_with_xla`; `partitioner` the one the module names, which its
+    user's compile runs."""
     compiler = topology or f"cpu:{num_devices}"
     key_text = f"{compiler}\n{allow_output}\n{conversion}\n{partitioner}\n{_versions()}\n{_compile_path()}\n{text}"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
@@ -105,7 +122,9 @@ def compiled_bytes(
         cached = json.loads(path.read_text())
         if "unfaithful" in cached:
             raise UnfaithfulConversion(cached["unfaithful"])
-        return int(cached["total_bytes"])
+        # An entry from before output shardings were kept is compiled again rather than read as "none".
+        if "output_shardings" in cached:
+            return Compiled(int(cached["total_bytes"]), _tuple_or_none(cached["output_shardings"]))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         report = compile_with_xla(
@@ -115,8 +134,62 @@ def compiled_bytes(
         # A refusal is as much a property of the text as its bytes: kept, so a sweep does not convert it again.
         path.write_text(json.dumps({"compiler": compiler, "unfaithful": str(e)}))
         raise
-    path.write_text(json.dumps({"compiler": compiler, "total_bytes": report["total_bytes"]}))
-    return int(report["total_bytes"])
+    shardings = report.get("output_shardings")
+    path.write_text(json.dumps({"compiler": compiler, "total_bytes": report["total_bytes"],
+                                "output_shardings": shardings}))  # fmt: skip
+    return Compiled(int(report["total_bytes"]), _tuple_or_none(shardings))
+
+
+def _tuple_or_none(shardings: list[str] | None) -> tuple[str, ...] | None:
+    return None if shardings is None else tuple(shardings)
+
+
+def compiled_bytes(
+    text: str,
+    num_devices: int,
+    allow_output: OutputFlags,
+    topology: str | None,
+    conversion: str | None = None,
+    partitioner: str = "gspmd",
+) -> int:
+    """`compiled(...)`'s bytes per chip alone."""
+    return compiled(text, num_devices, allow_output, topology, conversion, partitioner).total_bytes
+
+
+def under_sharded_gradients(
+    module: HloModule, allow_output: OutputFlags, output_shardings: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The entry parameters whose gradient XLA returns split over fewer devices than the parameter itself.
+
+    Outputs are paired with parameters as `planner.plan.output_pairs` pairs them (same dims, in order, each
+    parameter once), whether or not the gradient comes out of a loop: a stacked gradient is the case that
+    matters most. Only outputs propagation may shard are compared (a fixed one is the user's word).
+    """
+    entry = module.entry
+    root = entry.root
+    if root.opcode != "tuple" or len(root.operands) != len(output_shardings):
+        return ()
+    flags = allow_output if isinstance(allow_output, tuple) else (allow_output,) * len(root.operands)
+    parameters = [p for p in entry.parameters if isinstance(p.shape, ArrayShape)]
+    taken: set[str] = set()
+    under: list[str] = []
+    for position, (value, text) in enumerate(zip(root.operands, output_shardings, strict=True)):
+        shape = entry[value].shape
+        if not isinstance(shape, ArrayShape) or shape.rank == 0:
+            continue
+        match = next((p for p in parameters if p.name not in taken and p.shape.dims == shape.dims), None)  # type: ignore[union-attr]
+        if match is None:
+            continue
+        taken.add(match.name)
+        if not flags[position] or match.sharding is None or not match.sharding.is_tiled:
+            continue
+        if _elements(parse_sharding(text), shape.dims) > _elements(match.sharding, shape.dims):
+            under.append(match.name)
+    return tuple(under)
+
+
+def _elements(sharding: HloSharding, dims: tuple[int, ...]) -> int:
+    return math.prod(sharding.shard_shape(dims)) if sharding.is_tiled else math.prod(dims)
 
 
 def check_change_set(
@@ -128,17 +201,23 @@ def check_change_set(
     allow_output = output_propagation(original)
     partitioner = partitioner_of(original)
     texts = Texts(print_module(original), print_module(front), print_module(patched))
-    as_given, before, after = compile_forms(
-        texts,
-        lambda text, conversion: {
-            "total_bytes": compiled_bytes(text, num_devices, allow_output, topology, conversion, partitioner)
-        },
-        None if is_torch_xla_module(original) else FAITHFUL,
-    )
+
+    def compile_one(text: str, conversion: str | None) -> dict[str, object]:
+        done = compiled(text, num_devices, allow_output, topology, conversion, partitioner)
+        return {"total_bytes": done.total_bytes, "output_shardings": done.output_shardings}
+
+    as_given, before, after = compile_forms(texts, compile_one, None if is_torch_xla_module(original) else FAITHFUL)
+
+    def under(module: HloModule, report: dict) -> tuple[str, ...] | None:
+        shardings = report["output_shardings"]
+        return None if shardings is None else under_sharded_gradients(module, allow_output, shardings)
+
     return PlacementCheck(
         as_given["total_bytes"],
         before["total_bytes"],
         after["total_bytes"],
         plan.hbm.total_before,
         plan.hbm.total_after,
+        under(original, as_given),
+        under(patched, after),
     )

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fidelity.dangling_constraints import return_dangling_constraints
 from fidelity.named_computations import named_computations_as_calls
 from fidelity.written_edges import take_written_edges, written_edge_owners
 from planner.hlo.parser import parse_hlo
@@ -178,7 +179,8 @@ def run_case(case: dict) -> CaseResult:
     result = CaseResult(case["name"], case["source"], dict(case["expect"]))
     try:
         passes = passes_of(case["pipeline"])
-        text, written_edges = take_written_edges(named_computations_as_calls(case["module"]))
+        readable = named_computations_as_calls(return_dangling_constraints(case["module"]))
+        text, written_edges = take_written_edges(readable)
         module = parse_hlo(read_stablehlo(text))
         result.test_meshes = declared_meshes(case["module"])
         result.module_meshes = module_meshes(module)

@@ -32,6 +32,8 @@ SHARDY_STEPS = [c for c in CI_SUBSET if c.front_end == "jax" and c.partitioner =
 # Pinning a stacked weight inside the scanned body splits the saved activations over tp: Shardy's rules find
 # this saving, GSPMD's do not (the step's GSPMD twin has nothing to save).
 SAVING_STEP = "ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L4_D1024_pinned"
+# Free outputs: XLA's Shardy returns both stacked gradients split over tp alone, without fsdp.
+FREE_STEP = "ci_jax_mlp_noremat_f32_shardy_fsdp2_tp4_L4_D2048_free"
 JAX_TODAY_IMPORT_SHARE = 0.07
 
 
@@ -69,6 +71,25 @@ def test_a_change_set_shardy_finds_is_one_xlas_shardy_makes() -> None:
     assert "xla.sdy.FuncResultSharding" in print_module(patched)
     check = check_change_set(module, prepared.written_front, patched, plan, case.mesh.num_devices, None)
     assert check.xla_before == check.xla_as_given
+    assert check.confirmed, (check.predicted_saving, check.xla_saving)
+
+
+@pytest.mark.parametrize("target", ["cpu", "tpu"])
+def test_the_change_set_leaves_no_gradient_under_sharded_in_xlas_shardy(target: str) -> None:
+    """Shardy does not let the other gradients follow a pinned one (GSPMD does): the change set must pin each,
+    and XLA's own Shardy, on the compiler the plan is for, must then return every gradient at its parameter's
+    shard."""
+    case = case_named(FREE_STEP)
+    _generated(case)
+    module = parse_hlo_file(reference_path(case))
+    prepared = prepare(module, case.chip if target == "tpu" else "cpu")
+    plan, patched = make_plan(prepared)
+    topology = case.tpu_topology if target == "tpu" else None
+    check = check_change_set(module, prepared.written_front, patched, plan, case.mesh.num_devices, topology)
+    assert check.under_sharded_before is not None and check.under_sharded_after is not None
+    gradients = [f for f in plan.findings if f.kind == "stacked-gradient"]
+    assert len(check.under_sharded_before) == len(gradients) == 2, (check.under_sharded_before, gradients)
+    assert check.under_sharded_after == ()
     assert check.confirmed, (check.predicted_saving, check.xla_saving)
 
 

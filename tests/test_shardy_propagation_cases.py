@@ -7,7 +7,8 @@ passes print for it. A case that does not pass yet is a strict xfail saying why:
 engine as the test wrote it (jaxlib's converter to HLO refuses or rewrites the input). A strict xfail that
 starts passing fails the suite, so the table stays true. Named computations and hand-written data-flow
 edges, which the converter refuses, are read in the form Shardy's own export writes
-(`fidelity.named_computations`, `fidelity.written_edges`).
+(`fidelity.named_computations`, `fidelity.written_edges`); an unused sharding constraint, which it drops,
+is returned so that it reaches HLO (`fidelity.dangling_constraints`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ CASES_FILE = SHARED / "shardy_cases" / "shardy_propagation_cases.json"
 
 NOT_READABLE = {
     "basic_propagation.mlir::dynamic_shaped_func_output_skipped": (
-        "a dynamically shaped result: jaxlib's converter to HLO fails ('Failed to get shape')"
+        "a dynamically shaped result: jaxlib's converter to HLO fails ('Failed to get shape'), as XLA's own "
+        "compile of the module does with either partitioner, so no step a user compiles holds one"
     ),
     "propagation_pipeline_data_flow_edges.mlir::while_body_token_block_arg_skipped": (
         "the converter drops the loop's token element: the HLO while has 2 results where Shardy's has 3"
@@ -31,10 +33,6 @@ NOT_READABLE = {
     "sharding_group_propagation.mlir::shard_as_applies_despite_barrier": (
         "the converter merges the test's two zero constants into one broadcast without a location, so the "
         "grouped constant l12c8 has no instruction of its own"
-    ),
-    "sharding_origins.mlir::apply_multiple_sharding_constraints_on_operands": (
-        "the converter drops the unused constraint l480c8, which in Shardy both propagates and keeps "
-        "apply-sharding-constraints from applying the other constraint to their common operand"
     ),
 }
 
@@ -73,8 +71,8 @@ def test_the_reasons_name_real_cases() -> None:
 
 
 def test_values_equal_overall() -> None:
-    """The share of all expected values our engine gives exactly, as measured (875 of 883)."""
+    """The share of all expected values our engine gives exactly, as measured (878 of 883)."""
     results = [_result(c["name"]) for c in _cases()]
     matched, expected = score(results)["*"]
     assert expected == 883
-    assert matched >= 875, f"{matched} of {expected}"
+    assert matched >= 878, f"{matched} of {expected}"

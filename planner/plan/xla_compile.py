@@ -209,6 +209,20 @@ def stats_total(stats: Any) -> int:
     )
 
 
+def _output_shardings(executable: Any) -> list[str] | None:
+    """The sharding XLA gave each output leaf, as HloSharding text (what the SPMD partitioner made of the
+    module, whichever propagation decided it); None where this jaxlib's executable does not say."""
+    try:
+        shardings = executable.get_output_shardings()
+    except Exception:  # absent or unimplemented on an executable kind: the report says nothing
+        return None
+    if shardings is None:
+        return None
+    from jax._src.lib import xla_client
+
+    return [str(xla_client.HloSharding.from_proto(op)) for op in shardings]
+
+
 def main() -> int:
     request = json.load(sys.stdin)
     with tempfile.TemporaryDirectory(prefix="spmd-planner-xla-") as dump:
@@ -239,6 +253,7 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
     )
     named = "Shardy" if partitioner == "shardy" else "GSPMD"
     stats = executable.get_compiled_memory_stats()
+    output_shardings = _output_shardings(executable)
     whiles = []
     # XLA:CPU's pass is spmd-partitioning, XLA:TPU's tpu-spmd-partitioning. Not `*after_*spmd-partitioning*`:
     # that also matches XLA:TPU's much later `tpu-sparse-core-hierarchical-spmd-partitioning`, whose
@@ -272,6 +287,7 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
         "alias_bytes": int(stats.alias_size_in_bytes),
         "allocated_bytes": allocated,
         "while_shapes": whiles,
+        "output_shardings": output_shardings,
         "seconds": round(seconds, 3),
     }  # fmt: skip
 
