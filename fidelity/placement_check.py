@@ -22,10 +22,10 @@ from planner.errors import UnfaithfulConversion
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
-from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import partitioner_of
 from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
+from planner.plan.output_pairs import outputs_and_parameters
 from planner.plan.verify import FAITHFUL, OutputFlags, Texts, compile_forms, compile_with_xla, output_propagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding
@@ -165,26 +165,17 @@ def under_sharded_gradients(
     parameter once), whether or not the gradient comes out of a loop: a stacked gradient is the case that
     matters most. Only outputs propagation may shard are compared (a fixed one is the user's word).
     """
-    entry = module.entry
-    root = entry.root
+    root = module.entry.root
     if root.opcode != "tuple" or len(root.operands) != len(output_shardings):
         return ()
     flags = allow_output if isinstance(allow_output, tuple) else (allow_output,) * len(root.operands)
-    parameters = [p for p in entry.parameters if isinstance(p.shape, ArrayShape)]
-    taken: set[str] = set()
     under: list[str] = []
-    for position, (value, text) in enumerate(zip(root.operands, output_shardings, strict=True)):
-        shape = entry[value].shape
-        if not isinstance(shape, ArrayShape) or shape.rank == 0:
+    for position, _value, parameter in outputs_and_parameters(module):
+        if not flags[position] or parameter.sharding is None or not parameter.sharding.is_tiled:
             continue
-        match = next((p for p in parameters if p.name not in taken and p.shape.dims == shape.dims), None)  # type: ignore[union-attr]
-        if match is None:
-            continue
-        taken.add(match.name)
-        if not flags[position] or match.sharding is None or not match.sharding.is_tiled:
-            continue
-        if _elements(parse_sharding(text), shape.dims) > _elements(match.sharding, shape.dims):
-            under.append(match.name)
+        dims = parameter.shape.dims  # type: ignore[union-attr]
+        if _elements(parse_sharding(output_shardings[position]), dims) > _elements(parameter.sharding, dims):
+            under.append(parameter.name)
     return tuple(under)
 
 

@@ -264,6 +264,8 @@ def _placement(row: Row) -> str:
     text = f"{verb} {_mib(check.xla_saving)} (predicted {_mib(check.predicted_saving)})"
     if abs(check.xla_before - check.xla_as_given) > 0.01 * check.xla_as_given:
         text += f"; inlined {_mib(check.xla_before)}, as given {_mib(check.xla_as_given)}"
+    if check.under_sharded_after:
+        text += f"; gradients still under-sharded: {', '.join(check.under_sharded_after)}"
     return text
 
 
@@ -453,13 +455,16 @@ def _recommendations(rows: list[Row], compiler: str) -> str:
     recommending = [r for r in planned if r.recommends]
     pinned = [r for r in recommending if r.case.pinned]
     checked = [r.placement for r in recommending if r.placement is not None]
+    read = [c for c in checked if c.under_sharded_after is not None]
     name = "XLA:CPU" if compiler == "cpu" else "XLA:TPU"
     return (
         f"- Plans for {name} ({len(planned)} JAX cases): a change set is recommended on {len(recommending)} "
         f"({len(pinned)} of them with gradients already pinned); {name} compiled {len(checked)}: "
         f"{sum(c.confirmed for c in checked)} confirmed (at least {CONFIRMED_SHARE:.0%} of the predicted saving), "
         f"{sum(c.saves and not c.confirmed for c in checked)} save less than that, "
-        f"{sum(not c.saves for c in checked)} save nothing."
+        f"{sum(not c.saves for c in checked)} save nothing; with the change set in, {name} returns every gradient "
+        f"at its parameter's shard on {sum(not c.under_sharded_after for c in read)} of the {len(read)} whose "
+        "output shardings it reports."
     )
 
 

@@ -25,7 +25,7 @@ CASES_FILE = SHARED / "shardy_cases" / "shardy_propagation_cases.json"
 NOT_READABLE = {
     "basic_propagation.mlir::dynamic_shaped_func_output_skipped": (
         "a dynamically shaped result: jaxlib's converter to HLO fails ('Failed to get shape'), as XLA's own "
-        "compile of the module does with either partitioner, so no step a user compiles holds one"
+        "compile of the module does (jax 0.12, either partitioner), so no step a user compiles holds one"
     ),
     "propagation_pipeline_data_flow_edges.mlir::while_body_token_block_arg_skipped": (
         "the converter drops the loop's token element: the HLO while has 2 results where Shardy's has 3"

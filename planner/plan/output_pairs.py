@@ -14,9 +14,10 @@ is a loop's result is left to the loop's own findings.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planner.hlo.ir import HloModule
+from planner.hlo.ir import HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
 from planner.plan.names import short_op_name
 from planner.prepare import PreparedModule
@@ -52,15 +53,16 @@ def _from_a_loop(module: HloModule, name: str) -> bool:
     return False
 
 
-def output_gradients(prepared: PreparedModule, result: PropagationResult) -> list[OutputGradient]:
-    module = prepared.module
+def outputs_and_parameters(module: HloModule) -> Iterator[tuple[int, str, Instruction]]:
+    """Each array output of the entry root's tuple paired with the entry parameter of the same dims it is taken
+    to be the gradient of: (position in the tuple, the root operand, the parameter), in order, each parameter
+    once."""
     entry = module.entry
     root = entry.root
     if root.opcode != "tuple":
-        return []
+        return
     parameters = [p for p in entry.parameters if isinstance(p.shape, ArrayShape)]
     taken: set[str] = set()
-    found: list[OutputGradient] = []
     for position, value in enumerate(root.operands):
         shape = entry[value].shape
         if not isinstance(shape, ArrayShape) or shape.rank == 0:
@@ -69,6 +71,13 @@ def output_gradients(prepared: PreparedModule, result: PropagationResult) -> lis
         if match is None:
             continue
         taken.add(match.name)
+        yield position, value, match
+
+
+def output_gradients(prepared: PreparedModule, result: PropagationResult) -> list[OutputGradient]:
+    module = prepared.module
+    found: list[OutputGradient] = []
+    for position, value, match in outputs_and_parameters(module):
         ideal = match.sharding
         if not prepared.options.output_allowed(position) or value == match.name or ideal is None:
             continue
@@ -76,6 +85,8 @@ def output_gradients(prepared: PreparedModule, result: PropagationResult) -> lis
             continue
         sharding = result.sharding(value) if value in result else None
         label = (short_op_name(match.metadata.op_name) if match.metadata is not None else None) or match.name
+        shape = module.entry[value].shape
+        assert isinstance(shape, ArrayShape)
         found.append(OutputGradient(position, value, match.name, match.parameter_number or 0, shape, sharding, ideal,
                                     label))  # fmt: skip
     return found
