@@ -25,7 +25,7 @@ from planner.hlo.printer import print_module
 from planner.hlo.shardy_import import partitioner_of
 from planner.plan.confirmation import confirms
 from planner.plan.model import Plan
-from planner.plan.output_pairs import outputs_and_parameters
+from planner.plan.output_parameters import outputs_and_parameters
 from planner.plan.verify import FAITHFUL, OutputFlags, Texts, compile_forms, compile_with_xla, output_propagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS
 
+from fidelity.cases import CI_SUBSET, Case
+from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file, parse_sharding
 from planner.hlo.loops import invariant_elements, while_loops
 from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
 from planner.plan.findings import buffer_findings
-from planner.plan.scan_pairs import reaches_output
+from planner.plan.scan_pairs import reaches_output, stacked_gradients
 from planner.prepare import prepare
 from planner.propagation import propagate
 from planner.scanner import Cursor
@@ -152,3 +154,25 @@ def test_root_cause_is_the_weight_gradient_dot_dropping_fsdp(case: str) -> None:
         assert "_fsdp" not in result_label and "_tp" in result_label
         if case.startswith("jax"):
             assert cause.source is not None and "gen_jax_corpus.py:" in cause.source
+
+
+PINNED_STEPS = [
+    (case, target) for case in CI_SUBSET if case.pinned and case.front_end == "jax" for target in ("cpu", case.chip)
+]
+
+
+@pytest.mark.parametrize(("case", "target"), PINNED_STEPS, ids=[f"{c.name}-{t}" for c, t in PINNED_STEPS])
+def test_on_a_pinned_step_every_stacked_gradient_holds_the_sharding_of_the_parameter_it_is_paired_with(
+    case: Case, target: str
+) -> None:
+    """A pinned step returns each gradient in its parameter's sharding, so an accumulator paired with the
+    right parameter holds that sharding. Two weights of one shape with different shardings (wq and wo) are
+    paired through the outputs: on the Shardy remat step XLA's backward loop carries wo's accumulator first,
+    and pairing by carried order would report both as under-sharded and pin each to the other's sharding."""
+    assert not ensure_references([case])
+    prepared = prepare(parse_hlo_file(reference_path(case)), target)
+    result = propagate(prepared)
+    gradients = stacked_gradients(prepared.module, result)
+    assert gradients
+    wrong = {g.key: (str(g.sharding), str(g.ideal)) for g in gradients if g.sharding != g.ideal}
+    assert not wrong, wrong

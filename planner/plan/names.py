@@ -315,7 +315,7 @@ class _Elements:
         if gradient.matched_by == "manifest" and gradient.name is not None:
             return f"grad of {gradient.name}"
         parameter = gradient.parameter
-        if gradient.matched_by != "position" or parameter is None:
+        if gradient.matched_by not in ("output", "position") or parameter is None:
             return None  # paired by shape alone: a guess, not a name
         name = self.name(self.loops[parameter.loop], parameter.index)
         return f"grad of {name}" if name is not None else None

@@ -14,12 +14,12 @@ is a loop's result is left to the loop's own findings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planner.hlo.ir import HloModule, Instruction
+from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.plan.names import short_op_name
+from planner.plan.output_parameters import outputs_and_parameters
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
@@ -51,27 +51,6 @@ def _from_a_loop(module: HloModule, name: str) -> bool:
         if inst.opcode == "while":
             return True
     return False
-
-
-def outputs_and_parameters(module: HloModule) -> Iterator[tuple[int, str, Instruction]]:
-    """Each array output of the entry root's tuple paired with the entry parameter of the same dims it is taken
-    to be the gradient of: (position in the tuple, the root operand, the parameter), in order, each parameter
-    once."""
-    entry = module.entry
-    root = entry.root
-    if root.opcode != "tuple":
-        return
-    parameters = [p for p in entry.parameters if isinstance(p.shape, ArrayShape)]
-    taken: set[str] = set()
-    for position, value in enumerate(root.operands):
-        shape = entry[value].shape
-        if not isinstance(shape, ArrayShape) or shape.rank == 0:
-            continue
-        match = next((p for p in parameters if p.name not in taken and p.shape.dims == shape.dims), None)  # type: ignore[union-attr]
-        if match is None:
-            continue
-        taken.add(match.name)
-        yield position, value, match
 
 
 def output_gradients(prepared: PreparedModule, result: PropagationResult) -> list[OutputGradient]:

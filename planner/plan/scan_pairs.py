@@ -9,11 +9,17 @@ accumulator flows to the step's outputs.
 Pairing an accumulator with its parameter:
 - with a manifest, by name: the outputs the accumulator reaches are named
   gradients, and the manifest's partition spec of that parameter is the ideal;
-- otherwise by position: frameworks keep the carried order of the weights in
-  their backward (torch_xla's scan and JAX's scan transpose both do), so the
-  k-th accumulator of a shape is the gradient of the k-th scanned parameter
-  of that shape. When the counts differ the pairing falls back to the
-  best-sharded parameter of the shape and says so.
+- otherwise through the step's outputs: the accumulator reaches an output,
+  the step returns each parameter's gradient in the parameters' order (JAX's
+  gradient pytree, torch_xla's parameter list: `output_pairs`), and the
+  forward loop is given that parameter. Two weights of one shape (Llama's wq
+  and wo) are told apart this way; XLA's backward loop need not carry them in
+  the forward loop's order (a JAX remat step carries wo's accumulator before
+  wq's, and a pin written by carried order lands on the other weight);
+- where the outputs do not say (a loop inside another loop's body), by
+  position: the k-th accumulator of a shape is the gradient of the k-th
+  scanned parameter of that shape. When the counts differ the pairing falls
+  back to the best-sharded parameter of the shape and says so.
 
 Gradient accumulation nests the layer scan in a scan over microbatches: the
 backward loop runs inside the outer loop's body, and the outer loop carries
@@ -28,12 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.hlo.ir import Computation, HloModule
+from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import WhileLoop, invariant_elements, while_loops
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.mesh import Mesh
 from planner.plan.manifest import AxisSpec, Manifest, layer_relative, spec_sharding
+from planner.plan.output_parameters import outputs_and_parameters
 from planner.propagation import PropagationResult
 from planner.sharding import algebra
 from planner.sharding.hlo_sharding import HloSharding
@@ -54,6 +61,7 @@ class ScanParameter:
     sharding: HloSharding  # as propagated: the parameter's shard
     body: str
     layer_slice: str | None  # the body's one-layer value (the weight inside the scanned function)
+    entry_parameter: str | None = None  # the step's parameter the loop is given, when it is given one
 
     @property
     def per_device_bytes(self) -> int:
@@ -79,7 +87,7 @@ class StackedGradient:
     ideal: HloSharding | None  # the stacked parameter's sharding
     name: str | None  # the parameter's name inside the scanned layer, from the manifest
     partition_spec: list[AxisSpec] | None  # per layer
-    matched_by: str  # "manifest", "position" or "shape"
+    matched_by: str  # "manifest", "output", "position" or "shape"
 
     @property
     def key(self) -> str:
@@ -121,17 +129,18 @@ def carried_loops(module: HloModule, result: PropagationResult) -> list[tuple[Wh
     return loops
 
 
-def _init_from_loop(module: HloModule, loop: WhileLoop, index: int) -> bool:
-    """Whether the element's initial value is another While's result (a saved residual)."""
+def _init_origin(module: HloModule, loop: WhileLoop, index: int) -> Instruction | None:
+    """Where the element's initial value comes from, through tuples and carriers: the While whose result it
+    is (a saved residual), the parameter it is, or None."""
     comp = module.computation(loop.computation)
     init = comp[loop.instruction.operands[0]]
     if init.opcode != "tuple":
-        return False
+        return None
     name, element = init.operands[index], None
     for _ in range(16):
         inst = comp[name]
-        if inst.opcode == "while":
-            return True
+        if inst.opcode == "while" or (inst.opcode == "parameter" and element is None):
+            return inst
         if inst.opcode == "get-tuple-element":
             name, element = inst.operands[0], inst.attr("index")
         elif inst.opcode == "tuple" and element is not None:
@@ -139,8 +148,22 @@ def _init_from_loop(module: HloModule, loop: WhileLoop, index: int) -> bool:
         elif inst.opcode in _CARRIERS and inst.operands:
             name = inst.operands[0]
         else:
-            return False
-    return False
+            return None
+    return None
+
+
+def _init_from_loop(module: HloModule, loop: WhileLoop, index: int) -> bool:
+    """Whether the element's initial value is another While's result (a saved residual)."""
+    origin = _init_origin(module, loop, index)
+    return origin is not None and origin.opcode == "while"
+
+
+def _entry_parameter(module: HloModule, loop: WhileLoop, index: int) -> str | None:
+    """The entry parameter a loop in the entry computation is given as element `index`, if it is one."""
+    if loop.computation != module.entry_name:
+        return None
+    origin = _init_origin(module, loop, index)
+    return origin.name if origin is not None and origin.opcode == "parameter" else None
 
 
 def scan_parameters(module: HloModule, result: PropagationResult) -> list[ScanParameter]:
@@ -154,7 +177,8 @@ def scan_parameters(module: HloModule, result: PropagationResult) -> list[ScanPa
             if _init_from_loop(module, loop, i):
                 continue
             assert isinstance(leaf, ArrayShape)
-            found.append(ScanParameter(loop.name, i, leaf, s, body.name, _layer_slice(body, i, leaf.rank)))
+            found.append(ScanParameter(loop.name, i, leaf, s, body.name, _layer_slice(body, i, leaf.rank),
+                                       _entry_parameter(module, loop, i)))  # fmt: skip
     return found
 
 
@@ -277,6 +301,7 @@ def stacked_gradients(
 ) -> list[StackedGradient]:
     """Every backward accumulator that reaches the outputs and has a stacked parameter of its shape."""
     params = scan_parameters(module, result)
+    returned_for = {position: parameter.name for position, _, parameter in outputs_and_parameters(module)}
     gradients: list[StackedGradient] = []
     for loop, shardings in carried_loops(module, result):
         body = module.computation(loop.body)
@@ -296,9 +321,12 @@ def stacked_gradients(
                 continue
             rank = taken.get(leaf.dims, 0)
             taken[leaf.dims] = rank + 1
-            gradients.append(
-                _pair(module, loop, i, leaf, s, body, producer, same_shape, rank, positions, manifest, mesh)
-            )
+            returned = {returned_for[p] for p in positions if p in returned_for}
+            by_output = [p for p in same_shape if p.entry_parameter is not None and p.entry_parameter in returned]
+            returned_as = by_output[0] if len(by_output) == 1 else None
+            pair = _pair(module, loop, i, leaf, s, body, producer, same_shape, rank, positions, manifest, mesh,
+                         returned_as)  # fmt: skip
+            gradients.append(pair)
     return gradients
 
 
@@ -371,9 +399,15 @@ def _pair(
     positions: list[int],
     manifest: Manifest | None,
     mesh: Mesh | None,
+    returned_as: ScanParameter | None = None,
 ) -> StackedGradient:
-    parameter = same_shape[rank] if rank < len(same_shape) else min(same_shape, key=lambda p: p.per_device_bytes)
-    ideal, matched_by = parameter.sharding, "position" if rank < len(same_shape) else "shape"
+    if returned_as is not None:
+        parameter, matched_by = returned_as, "output"
+    elif rank < len(same_shape):
+        parameter, matched_by = same_shape[rank], "position"
+    else:
+        parameter, matched_by = min(same_shape, key=lambda p: p.per_device_bytes), "shape"
+    ideal = parameter.sharding
     name, spec = None, None
     if manifest is not None:
         named = _manifest_spec(manifest, positions, leaf, mesh)
