@@ -108,11 +108,7 @@ def test_nothing_is_recommended_on_a_step_whose_gradients_are_pinned(target: str
 PINNED = [c for c in CI_SUBSET if c.pinned and c.front_end == "jax"]
 
 
-# Shardy's rules find a saving on one pinned step that GSPMD's do not, and XLA's Shardy makes it
-# (tests/test_shardy_compile.py): pinning a stacked weight inside the scanned body splits the saved
-# activations over tp.
-SHARDY_SAVING_STEP = "ci_jax_llama_full_bf16_shardy_fsdp2_tp4_L4_D1024_pinned"
-PINNED_PARAMS = [pytest.param(c, id=c.name) for c in PINNED if c.name != SHARDY_SAVING_STEP]
+PINNED_PARAMS = [pytest.param(c, id=c.name) for c in PINNED]
 
 
 @pytest.mark.xla
