@@ -144,18 +144,6 @@ def _tuple_or_none(shardings: list[str] | None) -> tuple[str, ...] | None:
     return None if shardings is None else tuple(shardings)
 
 
-def compiled_bytes(
-    text: str,
-    num_devices: int,
-    allow_output: OutputFlags,
-    topology: str | None,
-    conversion: str | None = None,
-    partitioner: str = "gspmd",
-) -> int:
-    """`compiled(...)`'s bytes per chip alone."""
-    return compiled(text, num_devices, allow_output, topology, conversion, partitioner).total_bytes
-
-
 def under_sharded_gradients(
     module: HloModule, allow_output: OutputFlags, output_shardings: tuple[str, ...]
 ) -> tuple[str, ...]:

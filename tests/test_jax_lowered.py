@@ -19,7 +19,7 @@ from fidelity.cases import ACCUMULATION_CASES, CI_SUBSET, Case
 from fidelity.lowered import lowered_form
 from fidelity.mixed_outputs import NAME as MIXED
 from fidelity.mixed_outputs import ensure_reference
-from fidelity.placement_check import compiled_bytes
+from fidelity.placement_check import compiled
 from fidelity.references import ensure_references, reference_path
 from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
 from planner import parse_hlo
@@ -165,11 +165,11 @@ def test_verify_compiles_mixed_outputs_with_a_flag_per_output(mixed: dict[str, A
     # Its numbers are the sweep's (the same text compiled with the same flags), and JAX's own compile of
     # the step: the free outputs reach XLA without the {replicated} the text writes for them.
     record = mixed["record"]
-    assert checked.given_total_bytes == compiled_bytes(text, 8, flags, None) == record["cpu"]["total_bytes"]
+    assert checked.given_total_bytes == compiled(text, 8, flags, None).total_bytes == record["cpu"]["total_bytes"]
     if backend != "cpu":
         assert checked.tpu is not None
         topology = checked.tpu.topology
-        assert checked.tpu.given_total_bytes == compiled_bytes(text, 8, flags, topology)
+        assert checked.tpu.given_total_bytes == compiled(text, 8, flags, topology).total_bytes
         assert checked.tpu.given_total_bytes == record["tpu"]["total_bytes"]
 
 

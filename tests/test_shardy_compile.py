@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 from fidelity.cases import CI_SUBSET, Case, case_named
-from fidelity.placement_check import check_change_set, compiled_bytes
+from fidelity.placement_check import check_change_set, compiled
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.errors import UnfaithfulConversion
@@ -46,7 +46,7 @@ def test_a_shardy_step_and_its_inlined_form_compile_to_the_bytes_jax_compiled(ca
     module = parse_hlo_file(reference_path(case))
     flags = output_propagation(module)
     n = case.mesh.num_devices
-    given = compiled_bytes(print_module(module), n, flags, None, None, "shardy")
+    given = compiled(print_module(module), n, flags, None, None, "shardy").total_bytes
     if jaxlib_version() < (0, 8):
         assert given == record["memory"]["total_bytes"]
     else:
@@ -55,7 +55,7 @@ def test_a_shardy_step_and_its_inlined_form_compile_to_the_bytes_jax_compiled(ca
         # decides differently on the remat steps, +3.0% to +6.3% over JAX's own compile (0.0% without remat).
         assert abs(given / record["memory"]["total_bytes"] - 1) <= JAX_TODAY_IMPORT_SHARE, given
     inlined = prepare(module, "cpu").written_front
-    assert compiled_bytes(print_module(inlined), n, flags, None, None, "shardy") == given
+    assert compiled(print_module(inlined), n, flags, None, None, "shardy").total_bytes == given
 
 
 @pytest.mark.parametrize("target", ["cpu", "tpu"])
@@ -109,7 +109,7 @@ def test_a_step_with_shard_maps_compiles_to_the_bytes_jax_compiled(form: str) ->
     jax_bytes = json.loads((fixtures / "syntax_step.xla.json").read_text())["shardy"]["total_bytes"]
     text = path.read_text()
     # (jax 0.12's XLA dump writes the shardings natively, `sharding={mesh[...], manual}`: nothing to import.)
-    assert compiled_bytes(text, 8, output_propagation(module), None, None, "shardy") == jax_bytes
+    assert compiled(text, 8, output_propagation(module), None, None, "shardy").total_bytes == jax_bytes
 
 
 def test_verify_compiles_a_step_with_shard_maps_with_shardy() -> None:
