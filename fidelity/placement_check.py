@@ -146,16 +146,19 @@ def _tuple_or_none(shardings: list[str] | None) -> tuple[str, ...] | None:
 
 def under_sharded_gradients(
     module: HloModule, allow_output: OutputFlags, output_shardings: tuple[str, ...]
-) -> tuple[str, ...]:
+) -> tuple[str, ...] | None:
     """The entry parameters whose gradient XLA returns split over fewer devices than the parameter itself.
 
-    Outputs are paired with parameters as `planner.plan.output_pairs` pairs them (same dims, in order, each
-    parameter once), whether or not the gradient comes out of a loop: a stacked gradient is the case that
-    matters most. Only outputs propagation may shard are compared (a fixed one is the user's word).
+    Outputs are paired with parameters as `planner.plan.output_parameters` pairs them (same dims, in order,
+    each parameter once), whether or not the gradient comes out of a loop: a stacked gradient is the case that
+    matters most. Only outputs propagation may shard are compared (a fixed one is the user's word). None when
+    XLA's outputs are not the root tuple's elements one for one: then nothing can be said of any of them.
     """
     root = module.entry.root
-    if root.opcode != "tuple" or len(root.operands) != len(output_shardings):
+    if root.opcode != "tuple":
         return ()
+    if len(root.operands) != len(output_shardings):
+        return None
     flags = allow_output if isinstance(allow_output, tuple) else (allow_output,) * len(root.operands)
     under: list[str] = []
     for position, _value, parameter in outputs_and_parameters(module):

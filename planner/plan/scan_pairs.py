@@ -61,7 +61,7 @@ class ScanParameter:
     sharding: HloSharding  # as propagated: the parameter's shard
     body: str
     layer_slice: str | None  # the body's one-layer value (the weight inside the scanned function)
-    entry_parameter: str | None = None  # the step's parameter the loop is given, when it is given one
+    entry_parameter: str | None  # the step's parameter the loop is given, when it is given one
 
     @property
     def per_device_bytes(self) -> int:
@@ -399,7 +399,7 @@ def _pair(
     positions: list[int],
     manifest: Manifest | None,
     mesh: Mesh | None,
-    returned_as: ScanParameter | None = None,
+    returned_as: ScanParameter | None,
 ) -> StackedGradient:
     if returned_as is not None:
         parameter, matched_by = returned_as, "output"
