@@ -43,7 +43,8 @@ def test_format_bytes_picks_the_binary_unit_per_magnitude(value: int, text: str)
 
 
 def test_chip_presets() -> None:
-    assert chip("v6e").hbm_bytes == 32 * 2**30
+    # What XLA:TPU lets one program hold (tests/test_chip_capacity.py compiles at that edge), not the 32 GiB.
+    assert chip("v6e").hbm_bytes == 33_545_781_248 < 32 * 2**30
     assert chip("H100").hbm_bytes == 80 * 10**9
     with pytest.raises(ValueError, match="unknown chip 'v9'"):
         chip("v9")

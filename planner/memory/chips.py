@@ -1,4 +1,13 @@
-"""Accelerator presets: HBM per chip, and byte-count parsing (`32GiB`, `80GB`)."""
+"""Accelerator presets: HBM per chip, and byte-count parsing (`32GiB`, `80GB`).
+
+A TPU preset's bytes are what XLA:TPU lets one program hold on the chip, not the chip's HBM: a v6e has
+32 GiB, and XLA:TPU refuses a step needing more than 31.24 GiB of it with its compile-time out-of-memory
+error ("exceeds available HBM (31.24G)"). Measured with libtpu 0.0.50 by compiling, ahead of time, a
+step of one f32 argument and one output of its size, the largest total (argument + output + temp -
+alias) that compiles, to 32 KiB (tests/test_chip_capacity.py holds each preset at that edge).
+TPU v4 keeps its chip's 32 GiB: libtpu's ahead-of-time v4 topology describes one device per
+TensorCore (15.25 GiB available each), where a v4 in JAX runs both cores as one device.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +28,9 @@ CHIPS: dict[str, Chip] = {
     c.name: c
     for c in (
         Chip("v4", 32 * GIB, "TPU v4: 32 GiB HBM2"),
-        Chip("v5e", 16 * GIB, "TPU v5e: 16 GiB HBM2e"),
-        Chip("v5p", 95 * GIB, "TPU v5p: 95 GiB HBM2e"),
-        Chip("v6e", 32 * GIB, "TPU v6e (Trillium): 32 GiB HBM"),
+        Chip("v5e", 16_909_074_432, "TPU v5e: 16 GiB HBM2e, 15.75 GiB of it available to a program"),
+        Chip("v5p", 102_786_400_256, "TPU v5p: 95 GiB HBM2e, 95.73 GiB of it available to a program"),
+        Chip("v6e", 33_545_781_248, "TPU v6e (Trillium): 32 GiB HBM, 31.24 GiB of it available to a program"),
         Chip("h100", 80 * 10**9, "NVIDIA H100 SXM: 80 GB HBM3"),
         Chip("h200", 141 * 10**9, "NVIDIA H200: 141 GB HBM3e"),
     )
