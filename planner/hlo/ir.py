@@ -66,6 +66,15 @@ class Instruction:
         return tuple(names)
 
     @property
+    def literal_elided(self) -> bool:
+        """A constant whose data the text leaves out (`constant({...})`: XLA's dumps elide large literals).
+
+        Its value is unknown: two such constants of one shape are not the same value (a splash-attention
+        kernel's two s8[1,4,4] mask tables differ, and XLA keeps both where each is carried).
+        """
+        return self.literal == "{...}"
+
+    @property
     def array_shape(self) -> ArrayShape:
         assert isinstance(self.shape, ArrayShape), f"{self.name} has a tuple shape"
         return self.shape

@@ -2,7 +2,8 @@
 
 Two instructions of one computation are the same value when they have the same opcode, shape,
 operands (in either order for commutative ops), opcode attributes, sharding and called computations
-(compared by structure); constants are the same when their shapes and literals are. The first in
+(compared by structure); constants are the same when their shapes and literals are (a literal the
+dump elided, `{...}`, equals no other). The first in
 program order stays and every reader of the others reads it. Metadata and frontend attributes are
 not compared: XLA's `HloInstruction::Identical` ignores them.
 
@@ -27,6 +28,11 @@ from planner.prepare.rewrite import Rewrite
 COMMUTATIVE = frozenset({"add", "multiply", "maximum", "minimum", "and", "or", "xor"})
 # Not part of an instruction's identity (HloInstruction::Identical does not compare them).
 _IGNORED = frozenset({"metadata", "frontend_attributes", "statistics_viz", "origin"})
+
+
+def _literal_key(inst: Instruction) -> Hashable:
+    """A constant's value; an elided one (`{...}`) is known only to equal itself."""
+    return ("elided", inst.name) if inst.literal_elided else inst.literal
 
 
 def shape_key(shape: Shape) -> Hashable:
@@ -65,7 +71,7 @@ class Identity:
             if isinstance(value, ComputationRefs):
                 value = tuple(self.computation(c) for c in value.names)
             attrs.append((a.key, _hashable(value)))
-        return (inst.opcode, shape_key(inst.shape), inst.literal, tuple(attrs))
+        return (inst.opcode, shape_key(inst.shape), _literal_key(inst), tuple(attrs))
 
     def key(self, inst: Instruction, comp: ComputationEdit) -> Hashable:
         """The instruction's identity, its operands by their (already merged) names; an iota operand
@@ -106,7 +112,7 @@ def _merge_in(comp: ComputationEdit, identity: Identity) -> dict[str, str]:
     for inst in comp:
         if inst.opcode != "constant":
             continue
-        key: Hashable = (shape_key(inst.shape), inst.literal)
+        key: Hashable = (shape_key(inst.shape), _literal_key(inst))
         if key in constants:
             _merge(comp, inst.name, constants[key], merged)
         else:

@@ -1,10 +1,12 @@
-"""The passes every compiler runs before propagation: reading Shardy as GSPMD, and call inlining."""
+"""The passes every compiler runs before propagation: reading Shardy as GSPMD, one computation per call
+site, and call inlining."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+from planner.hlo.flatten import flatten_call_graph
 from planner.hlo.inline import inline_calls
 from planner.hlo.ir import HloModule
 from planner.hlo.shardy_import import SHARDY, partitioner_of, to_gspmd
@@ -28,6 +30,21 @@ class ShardyImport:
             return Rewrite(module)
         converted, gone = to_gspmd(module)
         return Rewrite(converted, gone, "Shardy shardings read as GSPMD's")
+
+
+@dataclass(frozen=True)
+class FlattenCallGraph:
+    """Every While body, condition, branch and callee named by one call site only (`planner.hlo.flatten`)."""
+
+    NAME: ClassVar[str] = "flatten-call-graph"
+    MIRRORS: ClassVar[str] = "xla/hlo/transforms/simplifiers/flatten_call_graph.cc"
+
+    def run(self, module: HloModule) -> Rewrite:
+        flattened = flatten_call_graph(module)
+        if flattened is module:
+            return Rewrite(module)
+        copies = len(flattened.computations) - len(module.computations)
+        return Rewrite(flattened, summary=f"{copies} computations copied for their other call sites")
 
 
 @dataclass(frozen=True)

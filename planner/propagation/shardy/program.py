@@ -571,11 +571,31 @@ class _Builder:
             )
         return arguments
 
+    def _returns_inputless_body(self, inst: Instruction) -> bool:
+        """Whether `inst` (a LocalToGlobalShape) returns the results of a shard_map body called with no operands."""
+        comp = self.current
+        if comp is None:
+            return False
+        for name in inst.operands:
+            source = comp[name]
+            while source.opcode == "get-tuple-element":
+                source = comp[source.operands[0]]
+            if _is_manual_body_call(source) and not source.operands:
+                return True
+        return False
+
     def leave_manual(self, inst: Instruction, operands: list[Tree]) -> Tree:
-        if not self.manual_stack:
-            raise UnsupportedHlo(f"{inst.name}: xla.sdy.LocalToGlobalShape without its GlobalToLocalShape")
-        manual = self.manual_stack.pop()
         attrs = _frontend(inst)
+        if self._returns_inputless_body(inst):
+            # A shard_map with no operands: JAX writes its body's call with no GlobalToLocalShape before it,
+            # and the manual axes on this end alone.
+            manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
+            manual = ManualComputation(_op_name(inst), manual_axes, [])
+            self.p.manual.append(manual)
+        elif not self.manual_stack:
+            raise UnsupportedHlo(f"{inst.name}: xla.sdy.LocalToGlobalShape without its GlobalToLocalShape")
+        else:
+            manual = self.manual_stack.pop()
         text = attrs.get("xla.sdy.out_shardings") if attrs else None
         manual.out_shardings = list(parse_sharding(text)) if text else []
         returned = [leaf.value for t in operands for leaf in _leaves(t)]
@@ -617,6 +637,10 @@ class _Builder:
                 if id(value) in carried and op in value.uses:
                     value.uses.remove(op)
                     value.target_uses.append(op)
+
+
+def _is_manual_body_call(inst: Instruction) -> bool:
+    return inst.opcode == "call" and inst.called_computations[0].startswith(MANUAL_BODY_PREFIX)
 
 
 def is_named_computation(inst: Instruction) -> bool:

@@ -1,0 +1,155 @@
+"""Compile one MaxText train step for a TPU topology ahead of time, as its users do, and record what XLA:TPU decided.
+
+    python -m fidelity.run_maxtext NAME --out DIR [--model llama3-8b] [--topology v6e-8]
+                                   [--partitioner shardy|gspmd] [--layers N] [--set KEY=VALUE ...]
+
+Runs in an environment with `maxtext` (0.2.5: Python 3.12, today's jax and libtpu) and the project on
+PYTHONPATH. MaxText's own `train_compile` builds and compiles the step (its config, sharding rules,
+remat policy and optimizer), with no TPU attached; this runner only watches it:
+
+- the step in all three forms a user has: XLA's dump of the compile (`NAME.xla_dump.hlo`, what
+  `--xla_dump_to` writes), `lowered.as_text(dialect="hlo")` (`NAME.hlo`) and `lowered.as_text()`
+  (StableHLO, `NAME.stablehlo.mlir`), taken from the `Lowered` that `train_compile` compiles;
+- `NAME.xla.json`: XLA:TPU's memory statistics of the compiled step (bytes per chip), the per-device
+  While shapes right after `tpu-spmd-partitioning`, the partitioner, topology and MaxText's overrides;
+- `NAME.memory-usage-report.txt`: XLA:TPU's own account of its heap, buffer by buffer.
+
+`train_compile` in MaxText 0.2.5 does not apply its `shardy` key; the partitioner is chosen the way JAX
+reads it, `JAX_USE_SHARDY_PARTITIONER`, before jax is imported. `--layers` sets
+`base_num_decoder_layers` (with `override_model_config=True`): a reduced step compiles in a minute or
+two on two cores where the full model takes many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fidelity.dumps import DUMP_PASS_RE, largest_module, while_shapes
+
+MEMORY_FIELDS = (
+    "argument_size_in_bytes",
+    "output_size_in_bytes",
+    "temp_size_in_bytes",
+    "alias_size_in_bytes",
+    "generated_code_size_in_bytes",
+)
+
+
+def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[str]) -> list[str]:
+    """`train_compile`'s argv for a model on a topology (`v6e-8`: MaxText's own topology names)."""
+    from maxtext import configs
+
+    base = Path(configs.__file__).parent / "base.yml"
+    argv = ["train_compile", str(base), f"compile_topology={topology}", "compile_topology_num_slices=1",
+            f"model_name={model}", "run_name=fidelity", "base_output_directory=/tmp/fidelity-maxtext"]  # fmt: skip
+    if layers is not None:
+        argv += [f"base_num_decoder_layers={layers}", "override_model_config=True"]
+    return argv + overrides
+
+
+def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
+    """Wrap `jax.stages.Lowered.compile` to keep the step's text forms and its compiled memory statistics."""
+    from jax import stages
+
+    compile_lowered = stages.Lowered.compile
+
+    def compile_and_record(self: Any, *args: Any, **kwargs: Any) -> Any:
+        (out_dir / f"{name}.hlo").write_text(self.as_text(dialect="hlo", debug_info=True))
+        (out_dir / f"{name}.stablehlo.mlir").write_text(self.as_text())
+        start = time.perf_counter()
+        compiled = compile_lowered(self, *args, **kwargs)
+        seen["compile_seconds"] = round(time.perf_counter() - start, 3)
+        stats = compiled.memory_analysis()
+        memory = {k: int(getattr(stats, k)) for k in MEMORY_FIELDS}
+        memory["total_bytes"] = (memory["argument_size_in_bytes"] + memory["output_size_in_bytes"]
+                                 + memory["temp_size_in_bytes"] - memory["alias_size_in_bytes"])  # fmt: skip
+        seen["memory"] = memory
+        return compiled
+
+    stages.Lowered.compile = compile_and_record  # type: ignore[method-assign]
+
+
+def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, layers: int | None,
+        overrides: list[str]) -> dict[str, Any]:  # fmt: skip
+    dump_dir = out_dir / f"{name}.dump"
+    shutil.rmtree(dump_dir, ignore_errors=True)
+    os.environ["XLA_FLAGS"] = f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re={DUMP_PASS_RE}"
+    os.environ["JAX_USE_SHARDY_PARTITIONER"] = "true" if partitioner == "shardy" else "false"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    import jax
+    import jaxlib
+    from maxtext.trainers.pre_train import train_compile
+
+    seen: dict[str, Any] = {}
+    _capture_lowered(out_dir, name, seen)
+    argv = maxtext_argv(model, topology, layers, overrides)
+    start = time.perf_counter()
+    train_compile.main(argv)
+    module = largest_module(dump_dir)
+    shutil.copy(module.before_optimizations, out_dir / f"{name}.xla_dump.hlo")
+    report = sorted(dump_dir.glob(f"{module.prefix}*memory-usage-report.txt"))
+    if report:
+        shutil.copy(report[-1], out_dir / f"{name}.memory-usage-report.txt")
+    from importlib import metadata
+
+    record = {
+        "name": name,
+        "generator": f"fidelity.run_maxtext (maxtext {metadata.version('maxtext')})",
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "libtpu": metadata.version("libtpu"),
+        "model": model,
+        "topology": topology,
+        "partitioner": partitioner,
+        "layers": layers,
+        "overrides": overrides,
+        # MaxText's own base config, named by its place in the package rather than this machine's path.
+        "argv": [argv[0], "maxtext/configs/base.yml", *argv[2:]],
+        "compile_seconds": seen.get("compile_seconds"),
+        "wall_seconds": round(time.perf_counter() - start, 3),
+        "tpu": {
+            "memory": seen["memory"],
+            "post_partition_while_shapes": while_shapes(module.after_spmd_partitioning.read_text()),
+        },
+    }
+    (out_dir / f"{name}.xla.json").write_text(json.dumps(record, indent=1) + "\n")
+    shutil.rmtree(dump_dir, ignore_errors=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("name")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="llama3-8b")
+    parser.add_argument("--topology", default="v6e-8")
+    parser.add_argument("--partitioner", choices=("shardy", "gspmd"), default="shardy")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a MaxText config override (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = run(args.name, args.out, args.model, args.topology, args.partitioner, args.layers, args.overrides)
+    memory = record["tpu"]["memory"]
+    whiles = len(record["tpu"]["post_partition_while_shapes"])
+    print(f"{args.name}: XLA:TPU {memory['total_bytes'] / 2**30:.2f} GiB per chip, {whiles} Whiles, "
+          f"compile {record['compile_seconds']} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
