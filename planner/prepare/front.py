@@ -34,7 +34,11 @@ class ShardyImport:
 
 @dataclass(frozen=True)
 class FlattenCallGraph:
-    """Every While body, condition, branch and callee named by one call site only (`planner.hlo.flatten`)."""
+    """Every While body, condition, branch and kept call named by one call site only (`planner.hlo.flatten`).
+
+    XLA flattens before it inlines calls; here it runs after inlining, which leaves the same loops, each
+    with a body of its own, while an inlined callee keeps the `name@call` names XLA's references use
+    for its instructions (`planner.hlo.inline`)."""
 
     NAME: ClassVar[str] = "flatten-call-graph"
     MIRRORS: ClassVar[str] = "xla/hlo/transforms/simplifiers/flatten_call_graph.cc"

@@ -43,7 +43,7 @@ from planner.propagation.options import PropagationOptions
 from planner.targets import Backend
 from planner.targets import backend as backend_of
 
-FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), FlattenCallGraph(), CallInlining())
+FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining(), FlattenCallGraph())
 
 # XLA:TPU's passes before its partitioner that change what propagation decides, in its order (its
 # dump of an LM step, pass by pass): the embedding-free cross-entropy gradient rewritten, 64-bit
@@ -139,7 +139,7 @@ def prepare(
     if partitioner_of(module) == SHARDY and not pass_input:
         # Shardy propagates the module as the compiler's passes leave it, Shardy's attributes and all;
         # everything after propagation reads that module as GSPMD's (`prepare.front.ShardyImport`).
-        shardy_front, aliases, records = _run(module, (FlattenCallGraph(), CallInlining()))
+        shardy_front, aliases, records = _run(module, (CallInlining(), FlattenCallGraph()))
         front = ShardyImport().run(shardy_front).module
         return _target_passes(
             module, front, backend, mesh, options, aliases, records, warnings, disabled, shardy_front=shardy_front
