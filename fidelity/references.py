@@ -27,7 +27,7 @@ from planner.user_dirs import user_cache_dir
 # What a fixture is made from, besides its case's config: every module the runners import.
 _SOURCES = ("fidelity/models.py", "fidelity/steps.py", "fidelity/torch_models.py", "fidelity/run_jax.py",
             "fidelity/run_torch_xla.py", "fidelity/record.py", "fidelity/dumps.py", "fidelity/hlo_text.py",
-            "examples/llama_layers.py")  # fmt: skip
+            "fidelity/memory_stats.py", "examples/llama_layers.py")  # fmt: skip
 _COMPILERS = ("jax", "jaxlib", "libtpu", "torch", "torch_xla")
 # The cache keeps XLA:TPU's module entering propagation beside each TPU case's fixture.
 CACHE_RUNNER_ARGS = ("--tpu-pre-propagation",)

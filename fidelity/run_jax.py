@@ -30,6 +30,7 @@ from fidelity.dumps import (
     xla_flags,
 )
 from fidelity.hlo_text import instruction_shardings, read_module, source_names
+from fidelity.memory_stats import memory_record
 from fidelity.record import (
     RunOptions,
     count_opcode,
@@ -40,13 +41,6 @@ from fidelity.record import (
 )
 from fidelity.steps import VIT_PATCH, abstract_args, arg_names, jit_options, output_names, train_step
 
-MEMORY_FIELDS = (
-    "argument_size_in_bytes",
-    "output_size_in_bytes",
-    "temp_size_in_bytes",
-    "alias_size_in_bytes",
-    "generated_code_size_in_bytes",
-)
 TPU_PRE_PROPAGATION_SUFFIX = ".tpu_pre_propagation.hlo"
 # XLA:CPU's own dump of the module it was given (`before_optimizations`): the form a user saves with
 # --xla_dump_to. Newer XLA prints it unlike JAX's lowered text (Shardy shardings native, `%t#k` operands).
@@ -187,17 +181,6 @@ def _notes(case: Case, args: tuple[Any, ...]) -> str:
     )
 
 
-def _memory(stats: Any) -> dict[str, int]:
-    memory = {k: int(getattr(stats, k)) for k in MEMORY_FIELDS}
-    memory["total_bytes"] = (
-        memory["argument_size_in_bytes"]
-        + memory["output_size_in_bytes"]
-        + memory["temp_size_in_bytes"]
-        - memory["alias_size_in_bytes"]
-    )
-    return memory
-
-
 def _output_shardings(case: Case, shardings: Any, shapes: Any) -> dict[str, Any]:
     """Names, HloSharding text and, for the gradients or new params, spec and per-device shape of each output."""
     import jax
@@ -279,7 +262,7 @@ def _tpu(
         "device_kind": str(getattr(devices[0], "device_kind", "")),
         "num_devices": case.mesh.num_devices,
         "compile_seconds": round(compile_seconds, 3),
-        "memory": _memory(compiled.memory_analysis()),
+        "memory": memory_record(compiled.memory_analysis()),
         "output_shardings": outputs["hlo"],
         "instruction_shardings": instruction_shardings(read_module(propagated.read_text())),
         "post_partition_while_shapes": while_shapes(module.after_spmd_partitioning.read_text()),
@@ -337,7 +320,7 @@ def run(case: Case, out_dir: Path, dump_dir: Path, options: RunOptions) -> None:
     if case.remat is not None and not opt_barriers:
         raise RuntimeError(f"{case.name}: jax.checkpoint left no opt-barrier in the lowered HLO")
 
-    memory = _memory(compiled.memory_analysis())
+    memory = memory_record(compiled.memory_analysis())
 
     module = largest_module(dump_dir)
     before = module.before_optimizations.read_text()

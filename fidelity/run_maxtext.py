@@ -32,14 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.dumps import DUMP_PASS_RE, largest_module, while_shapes
-
-MEMORY_FIELDS = (
-    "argument_size_in_bytes",
-    "output_size_in_bytes",
-    "temp_size_in_bytes",
-    "alias_size_in_bytes",
-    "generated_code_size_in_bytes",
-)
+from fidelity.memory_stats import memory_record
 
 
 def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[str]) -> list[str]:
@@ -66,11 +59,7 @@ def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
         start = time.perf_counter()
         compiled = compile_lowered(self, *args, **kwargs)
         seen["compile_seconds"] = round(time.perf_counter() - start, 3)
-        stats = compiled.memory_analysis()
-        memory = {k: int(getattr(stats, k)) for k in MEMORY_FIELDS}
-        memory["total_bytes"] = (memory["argument_size_in_bytes"] + memory["output_size_in_bytes"]
-                                 + memory["temp_size_in_bytes"] - memory["alias_size_in_bytes"])  # fmt: skip
-        seen["memory"] = memory
+        seen["memory"] = memory_record(compiled.memory_analysis())
         return compiled
 
     stages.Lowered.compile = compile_and_record  # type: ignore[method-assign]

@@ -16,6 +16,7 @@ import dataclasses
 
 from planner.hlo.attributes import ComputationRefs
 from planner.hlo.ir import Attribute, Computation, HloModule
+from planner.hlo.unique_names import fresh_name
 
 # The attributes through which an opcode runs a computation in its caller's place.
 _SEQUENTIAL = {
@@ -65,23 +66,14 @@ def flatten_call_graph(module: HloModule) -> HloModule:
     return dataclasses.replace(module, computations=tuple(computations[n] for n in order))
 
 
-def _unique(base: str, taken: set[str]) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}.{k}"
-    taken.add(name)
-    return name
-
-
 def _clone(comp: Computation, taken: set[str]) -> Computation:
     """A copy of `comp` under fresh names; the computations it calls are copied when it is visited."""
-    renamed = {inst.name: _unique(f"{inst.name}.clone", taken) for inst in comp}
+    renamed = {inst.name: fresh_name(f"{inst.name}.clone", taken) for inst in comp}
     instructions = tuple(
         dataclasses.replace(inst, name=renamed[inst.name], operands=tuple(renamed.get(o, o) for o in inst.operands))
         for inst in comp
     )
-    return dataclasses.replace(comp, name=_unique(f"{comp.name}.clone", taken), instructions=instructions,
+    return dataclasses.replace(comp, name=fresh_name(f"{comp.name}.clone", taken), instructions=instructions,
                                root_name=renamed[comp.root_name], is_entry=False)  # fmt: skip
 
 

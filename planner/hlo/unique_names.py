@@ -93,3 +93,13 @@ def _predecessors_renamed(attribute: Attribute, names: dict[str, str]) -> Attrib
 
     text = _NAME_TOKEN.sub(one, attribute.text)
     return Attribute(attribute.key, Raw(text), text)
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base.1`, `base.2`, ... the first not in `taken`; recorded in `taken`."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}.{k}"
+    taken.add(name)
+    return name

@@ -33,6 +33,7 @@ from planner.hlo.shardy_import import (
     sdy_sharding_attribute,
     shardy_constraint,
 )
+from planner.hlo.unique_names import fresh_name
 from planner.plan.manifest import AxisSpec
 from planner.plan.output_pairs import OutputGradient
 from planner.plan.scan_pairs import AccumulatedGradient, StackedGradient, is_shard_group_only, layer_sharding
@@ -226,7 +227,7 @@ def _annotate(
         pin = pins.get(inst.name)
         if pin is None:
             continue
-        name = _fresh(f"{inst.name}.pinned", taken)
+        name = fresh_name(f"{inst.name}.pinned", taken)
         sharding = parse_sharding(pin.sharding or "")
         attributes = [
             Attribute("custom_call_target", "Sharding", '"Sharding"'),
@@ -254,12 +255,3 @@ def _with_group(inst: Instruction, group: int) -> Instruction:
         Attribute("sharding", regrouped, regrouped.to_text()) if a.key == "sharding" else a for a in inst.attributes
     )
     return dataclasses.replace(inst, attributes=attributes)
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}.{k}"
-    taken.add(name)
-    return name
