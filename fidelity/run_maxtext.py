@@ -84,9 +84,12 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     train_compile.main(argv)
     module = largest_module(dump_dir)
     shutil.copy(module.before_optimizations, out_dir / f"{name}.xla_dump.hlo")
-    report = sorted(dump_dir.glob(f"{module.prefix}*memory-usage-report.txt"))
+    report = _same_module(dump_dir, module.prefix, "*memory-usage-report.txt")
     if report:
         shutil.copy(report[-1], out_dir / f"{name}.memory-usage-report.txt")
+    partitioned = _same_module(dump_dir, module.prefix, "*after_tpu-spmd-partitioning*.txt")
+    if not partitioned:
+        raise FileNotFoundError(f"no dump after tpu-spmd-partitioning of {module.prefix} in {dump_dir}")
     from importlib import metadata
 
     record = {
@@ -106,12 +109,19 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
         "wall_seconds": round(time.perf_counter() - start, 3),
         "tpu": {
             "memory": seen["memory"],
-            "post_partition_while_shapes": while_shapes(module.after_spmd_partitioning.read_text()),
+            "post_partition_while_shapes": while_shapes(partitioned[-1].read_text()),
         },
     }
     (out_dir / f"{name}.xla.json").write_text(json.dumps(record, indent=1) + "\n")
     shutil.rmtree(dump_dir, ignore_errors=True)
     return record
+
+
+def _same_module(dump_dir: Path, prefix: str, pattern: str) -> list[Path]:
+    """Dumps of the module `prefix` names, under whichever `module_NNNN` id XLA gave each compile of it:
+    a step can be dumped before optimization under one id and compiled under another."""
+    name = prefix.split(".", 1)[1]
+    return sorted(dump_dir.glob(f"module_*.{name}.{pattern}"), key=lambda p: p.name)
 
 
 def main(argv: list[str] | None = None) -> int:
