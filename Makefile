@@ -63,6 +63,30 @@ $(VENV_JAX)/.installed: pyproject.toml setup.py
 	SPMD_PLANNER_PURE=1 $(BIN_JAX)/python -m pip install --quiet -e '.[dev,jax,tpu,team]'
 	touch $@
 
+# MaxText, for making its train steps into references (`fidelity.run_maxtext`; not a test dependency: the
+# steps are checked in under tests/fixtures/maxtext). Its TPU extra pins about 235 packages; train_compile
+# needs these, at the versions its steps were made with, over today's jax.
+MAXTEXT ?= 0.2.5
+VENV_MAXTEXT ?= .venv-maxtext
+MAXTEXT_DEPS := absl-py==2.5.1 aqtp==0.9.0 asgiref==3.13.0 drjax==0.2.1 einops==0.8.2 flax==0.12.12 \
+	gcsfs==2026.10.1 grain==0.2.18 grpcio-status==1.85.3 jaxtyping==0.3.11 Jinja2==3.1.6 ml_collections==1.1.0 \
+	omegaconf==2.4.0 optax==0.2.8 orbax-checkpoint==0.12.8 pathwaysutils==0.1.13 pillow==13.0.0 pydantic==2.14.4 \
+	PySocks==1.7.1 qwix==0.1.8 sentencepiece==0.2.3 sympy==1.14.0 tensorboardX==2.6.5 tiktoken==0.14.0 \
+	tokamax==0.0.17 transformers==5.24.0 zipp==4.1.2
+
+.PHONY: maxtext-env
+maxtext-env: $(VENV_MAXTEXT)/.installed
+
+$(VENV_MAXTEXT)/.installed:
+	@if [ -z "$(PYTHON_JAX)" ]; then echo "maxtext-env: MaxText needs Python 3.12, not found" >&2; exit 1; fi
+	$(PYTHON_JAX) -m venv $(VENV_MAXTEXT)
+	$(VENV_MAXTEXT)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_MAXTEXT)/bin/python -m pip install --quiet 'jax[tpu]==$(JAX_TODAY)'
+	$(VENV_MAXTEXT)/bin/python -m pip install --quiet --no-deps 'maxtext==$(MAXTEXT)'
+	$(VENV_MAXTEXT)/bin/python -m pip install --quiet 'jax[tpu]==$(JAX_TODAY)' $(MAXTEXT_DEPS)
+	$(VENV_MAXTEXT)/bin/python -c "import maxtext.trainers.pre_train.train_compile"
+	touch $@
+
 lint: $(VENV)/.installed-full
 	$(BIN)/ruff check planner api scan_runtime fidelity tests bench examples
 	$(BIN)/ruff format --check planner api scan_runtime fidelity tests bench examples

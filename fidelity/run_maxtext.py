@@ -3,9 +3,10 @@
     python -m fidelity.run_maxtext NAME --out DIR [--model llama3-8b] [--topology v6e-8]
                                    [--partitioner shardy|gspmd] [--layers N] [--set KEY=VALUE ...]
 
-Runs in an environment with `maxtext` (0.2.5: Python 3.12, today's jax and libtpu) and the project on
-PYTHONPATH. MaxText's own `train_compile` builds and compiles the step (its config, sharding rules,
-remat policy and optimizer), with no TPU attached; this runner only watches it:
+Runs in the environment `make maxtext-env` makes (`.venv-maxtext`: `maxtext` 0.2.5 on Python 3.12, today's
+jax and libtpu), with the project on PYTHONPATH. MaxText's own `train_compile` builds and compiles the
+step (its config, sharding rules, remat policy and optimizer), with no TPU attached; this runner only
+watches it:
 
 - the step in all three forms a user has: XLA's dump of the compile (`NAME.xla_dump.hlo`, what
   `--xla_dump_to` writes), `lowered.as_text(dialect="hlo")` (`NAME.hlo`) and `lowered.as_text()`
