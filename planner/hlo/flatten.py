@@ -33,7 +33,6 @@ def flatten_call_graph(module: HloModule) -> HloModule:
     taken = set(computations) | {i.name for c in module.computations for i in c}
     claimed = {module.entry_name}
     pending = [module.entry_name]
-    changed = False
     while pending:
         name = pending.pop()
         comp = computations[name]
@@ -60,8 +59,7 @@ def flatten_call_graph(module: HloModule) -> HloModule:
                              dataclasses.replace(inst, attributes=attributes_tuple))  # fmt: skip
         if any(new is not old for new, old in zip(rewritten, comp.instructions)):
             computations[name] = dataclasses.replace(comp, instructions=tuple(rewritten))
-            changed = True
-    if not changed:
+    if len(order) == len(module.computations):  # no call site needed a copy
         return module
     return dataclasses.replace(module, computations=tuple(computations[n] for n in order))
 

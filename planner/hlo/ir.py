@@ -8,7 +8,7 @@ messages and printing but are not compared.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -66,13 +66,14 @@ class Instruction:
         return tuple(names)
 
     @property
-    def literal_elided(self) -> bool:
-        """A constant whose data the text leaves out (`constant({...})`: XLA's dumps elide large literals).
+    def literal_key(self) -> Hashable:
+        """A constant's value as passes compare it: its literal, or, where the text leaves the data out
+        (`constant({...})`: XLA's dumps elide large literals), a value equal to no other constant's.
 
-        Its value is unknown: two such constants of one shape are not the same value (a splash-attention
-        kernel's two s8[1,4,4] mask tables differ, and XLA keeps both where each is carried).
+        Two elided constants of one shape need not be the same value (a splash-attention kernel's two
+        s8[1,4,4] mask tables differ, and XLA keeps both where each is carried).
         """
-        return self.literal == "{...}"
+        return ("elided", self.name) if self.literal == "{...}" else self.literal
 
     @property
     def array_shape(self) -> ArrayShape:

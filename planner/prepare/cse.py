@@ -30,11 +30,6 @@ COMMUTATIVE = frozenset({"add", "multiply", "maximum", "minimum", "and", "or", "
 _IGNORED = frozenset({"metadata", "frontend_attributes", "statistics_viz", "origin"})
 
 
-def _literal_key(inst: Instruction) -> Hashable:
-    """A constant's value; an elided one (`{...}`) is known only to equal itself."""
-    return ("elided", inst.name) if inst.literal_elided else inst.literal
-
-
 def shape_key(shape: Shape) -> Hashable:
     """Shapes compared as XLA compares them before layout assignment: element types and dims."""
     if isinstance(shape, TupleShape):
@@ -71,7 +66,7 @@ class Identity:
             if isinstance(value, ComputationRefs):
                 value = tuple(self.computation(c) for c in value.names)
             attrs.append((a.key, _hashable(value)))
-        return (inst.opcode, shape_key(inst.shape), _literal_key(inst), tuple(attrs))
+        return (inst.opcode, shape_key(inst.shape), inst.literal_key, tuple(attrs))
 
     def key(self, inst: Instruction, comp: ComputationEdit) -> Hashable:
         """The instruction's identity, its operands by their (already merged) names; an iota operand
@@ -112,7 +107,7 @@ def _merge_in(comp: ComputationEdit, identity: Identity) -> dict[str, str]:
     for inst in comp:
         if inst.opcode != "constant":
             continue
-        key: Hashable = (shape_key(inst.shape), _literal_key(inst))
+        key: Hashable = (shape_key(inst.shape), inst.literal_key)
         if key in constants:
             _merge(comp, inst.name, constants[key], merged)
         else:

@@ -1,5 +1,5 @@
-"""The passes every compiler runs before propagation: reading Shardy as GSPMD, one computation per call
-site, and call inlining."""
+"""The passes every compiler runs before propagation: reading Shardy as GSPMD, call inlining, and one
+computation per call site."""
 
 from __future__ import annotations
 

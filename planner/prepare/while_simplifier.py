@@ -245,7 +245,7 @@ def constant_elements(loop: LoopView) -> str | None:
     constant = []
     for i, (a, b) in enumerate(zip(init.operands, root.operands)):
         x, y = parent[a], body[b]
-        if x.opcode == y.opcode == "constant" and x.literal == y.literal and not x.literal_elided and _same_type(x, y):
+        if x.opcode == y.opcode == "constant" and x.literal_key == y.literal_key and _same_type(x, y):
             constant.append(i)
     if not constant or len(constant) == len(loop.shape.elements):
         return None

@@ -648,7 +648,7 @@ def is_named_computation(inst: Instruction) -> bool:
     a call that reaches it as an `sdy.named_computation` (`ImportFuncCallsPass`), the form
     `sdy-export-named-computations` writes back. Any other call is walked as if inlined; a shard_map body
     between its round-trip custom calls (`enter_manual`, `leave_manual`)."""
-    return not inlineable(inst) and not inst.called_computations[0].startswith(MANUAL_BODY_PREFIX)
+    return not inlineable(inst) and not _is_manual_body_call(inst)
 
 
 def build_program(
