@@ -15,6 +15,8 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# The digest of the sources this build compiles, recorded once it succeeds.
+_BUILT: dict[str, str] = {}
 
 
 def native_extensions() -> list:
@@ -26,12 +28,21 @@ def native_extensions() -> list:
     except ImportError:
         print("mypyc is not installed: the planner installs as pure Python", file=sys.stderr)
         return []
-    native["write_stamp"](ROOT)
+    # Until this build succeeds, whatever an earlier build left must not pass for these sources; the
+    # digest is taken now, so an edit made while it compiles is not claimed by it.
+    _forget_stamp()
+    _BUILT["digest"] = native["source_digest"](ROOT)
     try:
         return mypycify(list(native["MODULES"]), opt_level="3", group_name="planner_native")
     except (Exception, SystemExit) as e:  # mypyc refuses code it cannot type: say so, install the source
         print(f"the compiled core was not built ({e}): the planner runs as pure Python", file=sys.stderr)
         return []
+
+
+def _forget_stamp() -> None:
+    """Without a stamp naming these sources the planner runs its Python source (`planner/native.py`)."""
+    native = runpy.run_path(str(ROOT / "planner" / "native.py"))
+    (ROOT / "planner" / native["STAMP"]).unlink(missing_ok=True)
 
 
 class OptionalBuildExt(build_ext):
@@ -42,6 +53,10 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as e:  # the compiler's own error is printed above; say what it means
             print(f"the compiled core was not built ({e}): the planner runs as pure Python", file=sys.stderr)
+            return
+        if self.extensions and "digest" in _BUILT:
+            # The compiled modules now are these sources: say so, for `planner/native.py` to check.
+            runpy.run_path(str(ROOT / "planner" / "native.py"))["write_stamp"](ROOT, _BUILT["digest"])
 
 
 setup(ext_modules=native_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -2,6 +2,7 @@
 
     python -m fidelity.run_maxtext NAME --out DIR [--model llama3-8b] [--topology v6e-8]
                                    [--partitioner shardy|gspmd] [--layers N] [--set KEY=VALUE ...]
+                                   [--keep-dumps]
 
 Runs in the environment `make maxtext-env` makes (`.venv-maxtext`: `maxtext` 0.2.5 on Python 3.12, today's
 jax and libtpu), with the project on PYTHONPATH. MaxText's own `train_compile` builds and compiles the
@@ -15,6 +16,10 @@ watches it:
   While shapes right after `tpu-spmd-partitioning`, the partitioner, topology and MaxText's overrides;
 - `NAME.memory-usage-report.txt`: XLA:TPU's own account of its heap, buffer by buffer.
 
+A step XLA:TPU refuses with its compile-time out-of-memory error is recorded as that refusal
+(`tpu.oom`: what it says the step needed per chip, its whole use or its temporaries alone as libtpu
+words it, and what is available) in place of the memory statistics.
+
 `train_compile` in MaxText 0.2.5 does not apply its `shardy` key; the partitioner is chosen the way JAX
 reads it, `JAX_USE_SHARDY_PARTITIONER`, before jax is imported. `--layers` sets
 `base_num_decoder_layers` (with `override_model_config=True`): a reduced step compiles in a minute or
@@ -24,8 +29,10 @@ two on two cores where the full model takes many.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -48,6 +55,55 @@ def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[
     return argv + overrides
 
 
+class StepDoesNotFit(Exception):
+    """XLA:TPU refused the step: it needs more HBM per chip than the chip has."""
+
+
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SIZE = r"([\d.]+)([KMGT])"
+# libtpu's two spellings: the step's whole use (`Used 42.79G of 31.24G hbm`), or its temporaries alone
+# (`the total memory required for HLO temporaries (36.62G) exceeds available HBM (31.24G)`).
+_USED = re.compile(rf"Used {_SIZE} of {_SIZE} hbm")
+_TEMPORARIES = re.compile(rf"required for HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
+
+
+def _bytes(number: str, unit: str) -> int:
+    return round(float(number) * _UNITS[unit])
+
+
+def hbm_oom(message: str) -> dict[str, Any] | None:
+    """XLA:TPU's compile-time HBM out-of-memory error, read (its units are binary): the bytes per chip the
+    step uses (`used_bytes`) or its temporaries need (`temp_bytes`), and those available; None for any other
+    error."""
+    line = next((ln.strip() for ln in message.splitlines() if "HBM" in ln or "hbm" in ln), message.strip())[:500]
+    used = _USED.search(message)
+    if used is not None:
+        return {
+            "message": line,
+            "used_bytes": _bytes(*used.groups()[:2]),
+            "available_bytes": _bytes(*used.groups()[2:]),
+        }
+    temporaries = _TEMPORARIES.search(message)
+    if temporaries is not None:
+        groups = temporaries.groups()
+        return {"message": line, "temp_bytes": _bytes(*groups[:2]), "available_bytes": _bytes(*groups[2:])}
+    return None
+
+
+def reference_bytes(record: dict[str, Any]) -> tuple[int, str, bool]:
+    """What XLA:TPU says a recorded step holds per chip: (bytes, "total" or "temporaries", whether it compiled).
+
+    A compiled step: its memory statistics' total (argument + output + temp - alias). A refused one: what its
+    out-of-memory error says, the whole use or, as today's libtpu words it, the temporaries alone."""
+    tpu = record["tpu"]
+    if "memory" in tpu:
+        return int(tpu["memory"]["total_bytes"]), "total", True
+    oom = tpu["oom"]
+    if "used_bytes" in oom:
+        return int(oom["used_bytes"]), "total", False
+    return int(oom["temp_bytes"]), "temporaries", False
+
+
 def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
     """Wrap `jax.stages.Lowered.compile` to keep the step's text forms and its compiled memory statistics."""
     from jax import stages
@@ -58,7 +114,16 @@ def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
         (out_dir / f"{name}.hlo").write_text(self.as_text(dialect="hlo", debug_info=True))
         (out_dir / f"{name}.stablehlo.mlir").write_text(self.as_text())
         start = time.perf_counter()
-        compiled = compile_lowered(self, *args, **kwargs)
+        try:
+            compiled = compile_lowered(self, *args, **kwargs)
+        except Exception as e:
+            # XLA:TPU's compile-time out-of-memory error is a reference too: what the step needs per chip.
+            seen["compile_seconds"] = round(time.perf_counter() - start, 3)
+            oom = hbm_oom(str(e))
+            if oom is None:
+                raise
+            seen["oom"] = oom
+            raise StepDoesNotFit(oom["message"]) from e
         seen["compile_seconds"] = round(time.perf_counter() - start, 3)
         seen["memory"] = memory_record(compiled.memory_analysis())
         return compiled
@@ -67,7 +132,7 @@ def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
 
 
 def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, layers: int | None,
-        overrides: list[str]) -> dict[str, Any]:  # fmt: skip
+        overrides: list[str], keep_dumps: bool = False) -> dict[str, Any]:  # fmt: skip
     dump_dir = out_dir / f"{name}.dump"
     shutil.rmtree(dump_dir, ignore_errors=True)
     os.environ["XLA_FLAGS"] = f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re={DUMP_PASS_RE}"
@@ -82,7 +147,9 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     _capture_lowered(out_dir, name, seen)
     argv = maxtext_argv(model, topology, layers, overrides)
     start = time.perf_counter()
-    train_compile.main(argv)
+    # A refusal is recorded in `seen`: the step's reference is then what XLA:TPU needed.
+    with contextlib.suppress(StepDoesNotFit):
+        train_compile.main(argv)
     module = largest_module(dump_dir)
     shutil.copy(module.before_optimizations, out_dir / f"{name}.xla_dump.hlo")
     report = _same_module(dump_dir, module.prefix, "*memory-usage-report.txt")
@@ -109,12 +176,13 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
         "compile_seconds": seen.get("compile_seconds"),
         "wall_seconds": round(time.perf_counter() - start, 3),
         "tpu": {
-            "memory": seen["memory"],
+            **({"oom": seen["oom"]} if "oom" in seen else {"memory": seen["memory"]}),
             "post_partition_while_shapes": while_shapes(partitioned[-1].read_text()),
         },
     }
     (out_dir / f"{name}.xla.json").write_text(json.dumps(record, indent=1) + "\n")
-    shutil.rmtree(dump_dir, ignore_errors=True)
+    if not keep_dumps:
+        shutil.rmtree(dump_dir, ignore_errors=True)
     return record
 
 
@@ -141,11 +209,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a MaxText config override (repeatable)",
     )
+    parser.add_argument("--keep-dumps", action="store_true", help="keep XLA's pass dumps in OUT/NAME.dump")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    record = run(args.name, args.out, args.model, args.topology, args.partitioner, args.layers, args.overrides)
-    memory = record["tpu"]["memory"]
+    record = run(args.name, args.out, args.model, args.topology, args.partitioner, args.layers, args.overrides,
+                 args.keep_dumps)  # fmt: skip
     whiles = len(record["tpu"]["post_partition_while_shapes"])
+    if "oom" in record["tpu"]:
+        oom = record["tpu"]["oom"]
+        needs = (
+            f"{oom['used_bytes'] / 2**30:.2f} GiB"
+            if "used_bytes" in oom
+            else (f"{oom['temp_bytes'] / 2**30:.2f} GiB of temporaries")
+        )
+        print(f"{args.name}: XLA:TPU refuses it: needs {needs} per chip of {oom['available_bytes'] / 2**30:.2f}, "
+              f"{whiles} Whiles, compile {record['compile_seconds']} s")  # fmt: skip
+        return 0
+    memory = record["tpu"]["memory"]
     print(f"{args.name}: XLA:TPU {memory['total_bytes'] / 2**30:.2f} GiB per chip, {whiles} Whiles, "
           f"compile {record['compile_seconds']} s")  # fmt: skip
     return 0

@@ -80,9 +80,9 @@ def source_digest(root: Path = _ROOT, modules: Sequence[str] = MODULES) -> str:
     return h.hexdigest()
 
 
-def write_stamp(root: Path = _ROOT) -> None:
-    """Called by the build: the sources it is about to compile."""
-    stamp = {"digest": source_digest(root), "modules": list(MODULES)}
+def write_stamp(root: Path = _ROOT, digest: str | None = None) -> None:
+    """Called by the build once it succeeded: the digest of the sources it compiled (taken before it began)."""
+    stamp = {"digest": digest or source_digest(root), "modules": list(MODULES)}
     (root / "planner" / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
 
 

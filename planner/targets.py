@@ -24,6 +24,15 @@ decides what lands in memory:
   pinning a returned embedding or head gradient saved XLA:TPU -134%, -70%, 4% and 52% of the
   output bytes it predicts (XLA:CPU: 100%, 100%, 147%). So XLA:TPU `lends_unwritten_outputs`: a plan
   for it claims no saving from returning a gradient smaller.
+- XLA:TPU's partitioner computes an FSDP dot whose operand all-gather or result reduce-scatter spans 8 to 32
+  devices as a windowed einsum once the dot has enough FLOPs per byte communicated (libtpu's cost model,
+  measured per chip and group size: `WINDOWED_EINSUM_FLOPS_PER_BYTE`): the loop holds a few shards where
+  the partitioner would otherwise gather the whole operand or write the whole partial sum
+  (`planner.memory.windowed_einsum`). On MaxText's Llama 3 8B step (v6e-8) that is 16 of its 18 loops,
+  and the LM head's gradient no longer holds two replicated 1,002 MiB buffers.
+- XLA:TPU's and XLA:GPU's fusion computes cheap ops, f32 exponentials among them, again in every
+  consumer (`planner.memory.buffers.materialises`): a softmax's f32 `[batch, seq, vocab]` intermediates
+  hold no buffer, only the bf16 logits and their gradient do.
 """
 
 from __future__ import annotations
@@ -54,6 +63,41 @@ class Backend:
     # The compiler orders each computation for the least memory (XLA:CPU's memory scheduler), not for
     # latency (XLA:TPU's and XLA:GPU's latency-hiding schedulers): the model measures that order too.
     schedules_for_memory: bool = False
+    # Per group size, the FLOPs per byte of collective at which the partitioner makes a dot a windowed
+    # einsum (`planner.memory.windowed_einsum`); empty: it never does.
+    windowed_einsum_flops_per_byte: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def windowed_einsum_thresholds(self) -> dict[int, int]:
+        return dict(self.windowed_einsum_flops_per_byte)
+
+
+# Where libtpu's cost model starts making an FSDP dot a windowed einsum: per chip and number of devices
+# in the loop, the dot's FLOPs per byte of its collective (bf16 tokens per device; f32 needs twice the
+# tokens for the same ratio). Measured with libtpu 0.0.20 and 0.0.50 alike, to within 3%, by compiling
+# FSDP all-gather and reduce-scatter dots for each topology ahead of time (`v6e:2x4`, `v6e:4x4`,
+# `v6e:4x8`, `v5e:2x4`, `v5e:4x4`, `v5e:4x8`, `v5p:2x2x2`, `v5p:2x2x4`, `v5p:2x4x4`, `v4:2x2x1`,
+# `v4:2x2x2`, `v4:2x2x4`; a group inside a larger mesh beside tensor parallelism, 8 of `v6e:4x4` or
+# 32 of `v6e:8x8` and `v6e:16x16`, has the same threshold as the group alone). Groups of 2
+# and 4 devices are never windowed, nor any of more than 32 (XLA's iteration limit).
+WINDOWED_EINSUM_FLOPS_PER_BYTE: dict[str, tuple[tuple[int, int], ...]] = {
+    "v6e": ((8, 1215), (16, 615), (32, 307)),
+    "v5e": ((8, 535), (16, 267), (32, 131)),
+    "v5p": ((8, 535), (16, 267), (32, 131)),
+    "v4": ((8, 1151), (16, 195), (32, 96)),
+}
+
+
+def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
+    """XLA:TPU for one chip: its on-chip memory and its windowed-einsum thresholds."""
+    return Backend(
+        chip,
+        "tpu",
+        narrows_f32_dot_operands=True,
+        alternate_memory_bytes=alternate_memory_mib * MIB,
+        lends_unwritten_outputs=True,
+        windowed_einsum_flops_per_byte=WINDOWED_EINSUM_FLOPS_PER_BYTE[chip],
+    )
 
 
 BACKENDS: dict[str, Backend] = {
@@ -61,18 +105,10 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("cpu", "cpu", widens_half_floats=_xla_cpu_widens_half_floats(), schedules_for_memory=True),
         Backend("tpu", "tpu", narrows_f32_dot_operands=True, lends_unwritten_outputs=True),
-        Backend(
-            "v6e", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=96 * MIB, lends_unwritten_outputs=True
-        ),
-        Backend(
-            "v5e", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=112 * MIB, lends_unwritten_outputs=True
-        ),
-        Backend(
-            "v5p", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=32 * MIB, lends_unwritten_outputs=True
-        ),
-        Backend(
-            "v4", "tpu", narrows_f32_dot_operands=True, alternate_memory_bytes=64 * MIB, lends_unwritten_outputs=True
-        ),
+        _tpu("v6e", 96),
+        _tpu("v5e", 112),
+        _tpu("v5p", 32),
+        _tpu("v4", 64),
         Backend("gpu", "gpu"),
         Backend("h100", "gpu"),
         Backend("h200", "gpu"),

@@ -4,8 +4,10 @@ command and its reduced layer count), planned from all three forms a user has: X
 `lowered.as_text(dialect="hlo")` and the StableHLO text.
 
 What holds on every step: each form is read whole and planned for the step's chip, and the three forms give
-the same bytes per chip (they are one step). Under GSPMD our per-device While shapes equal XLA:TPU's. How
-far the bytes are from XLA:TPU's is measured in bench/RESULTS.md (`python -m bench.maxtext_steps`).
+the same bytes per chip (they are one step). Under GSPMD our per-device While shapes equal XLA:TPU's. Our
+bytes per chip stay within today's worst error against XLA:TPU's (what it allocated, or for a step it
+refuses, what its out-of-memory error says the step needed), and the verdict is never the opposite of
+XLA:TPU's. The error's spread is in bench/RESULTS.md (`python bench/maxtext_steps.py`); the goal is 5%.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import json
 import pytest
 from conftest import REPO
 
+from fidelity.run_maxtext import reference_bytes
 from fidelity.sweep import propagation_agreement
 from planner import parse_hlo_file
-from planner.memory import memory_report
+from planner.memory import CHIPS, memory_report
+from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
 from planner.prepare import prepare
 from planner.propagation import propagate
 
@@ -53,3 +57,24 @@ def test_every_form_of_a_maxtext_step_plans_to_the_same_bytes(name: str) -> None
             whiles = record["tpu"]["post_partition_while_shapes"]
             assert propagation_agreement(prepared, result, whiles) == "exact", form
     assert len(set(totals.values())) == 1, totals
+
+
+# Today's worst error against XLA:TPU over these steps, as regression bounds (the goal is 5%): where our
+# per-device While shapes equal XLA:TPU's (Llama 2 7B on v5e-16, -20.5%), and where they do not (Mixtral
+# 8x7B with 16 layers on v5p-8, whose temporaries we put at 47 GiB where XLA:TPU needs 100 and refuses).
+WORST_ERROR = {"exact": 0.21, "loops differ": 0.53}
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_a_maxtext_steps_bytes_and_verdict_against_xla_tpu(name: str) -> None:
+    record = _record(name)
+    chip = _chip(record)
+    prepared = prepare(parse_hlo_file(FIXTURES / f"{name}.hlo.gz"), chip)
+    result = propagate(prepared)
+    report = memory_report(prepared, result=result)
+    xla, what, compiled = reference_bytes(record)
+    ours = report.total_bytes if what == "total" else report.temp_bytes
+    loops = propagation_agreement(prepared, result, record["tpu"]["post_partition_while_shapes"])
+    assert abs(ours - xla) / xla <= WORST_ERROR["exact" if loops == "exact" else "loops differ"], (ours, xla, what)
+    ours_call = call(report.total_bytes, CHIPS[chip].hbm_bytes, band_of("tpu", record["partitioner"], "jax"))
+    assert ours_call != (DOES_NOT_FIT if compiled else FITS), (ours_call, compiled)

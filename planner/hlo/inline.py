@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 from planner.hlo.ir import Computation, HloModule, Instruction
 
@@ -28,13 +29,11 @@ class InlinedModule:
     aliases: dict[str, str]
 
 
-def inline_calls(module: HloModule) -> InlinedModule:
+def inline_calls(module: HloModule, which: Callable[[Instruction], bool] | None = None) -> InlinedModule:
+    """Inline the calls `which` picks (default: those XLA's CallInliner inlines before propagation)."""
+    picked = which or inlineable
     call_sites = Counter(
-        callee
-        for comp in module.computations
-        for inst in comp
-        if inlineable(inst)
-        for callee in inst.called_computations
+        callee for comp in module.computations for inst in comp if picked(inst) for callee in inst.called_computations
     )
     if not call_sites:
         return InlinedModule(module, {})
@@ -42,7 +41,7 @@ def inline_calls(module: HloModule) -> InlinedModule:
     done: dict[str, Computation] = {}
     # Callees first: a computation is inlined into its callers only after its own calls are.
     for comp in _callees_first(module):
-        done[comp.name] = _inline_into(comp, done, call_sites, aliases)
+        done[comp.name] = _inline_into(comp, done, call_sites, aliases, picked)
     still_called = {name for c in done.values() for inst in c for name in inst.called_computations}
     kept = tuple(done[c.name] for c in module.computations if c.name == module.entry_name or c.name in still_called)
     return InlinedModule(dataclasses.replace(module, computations=kept), resolve_chains(aliases))
@@ -92,16 +91,20 @@ def _callees_first(module: HloModule) -> list[Computation]:
 
 
 def _inline_into(
-    comp: Computation, done: dict[str, Computation], call_sites: Counter[str], aliases: dict[str, str]
+    comp: Computation,
+    done: dict[str, Computation],
+    call_sites: Counter[str],
+    aliases: dict[str, str],
+    picked: Callable[[Instruction], bool],
 ) -> Computation:
-    if not any(inlineable(inst) for inst in comp):
+    if not any(picked(inst) for inst in comp):
         return comp
     rename: dict[str, str] = {}
     out: list[Instruction] = []
     root = comp.root_name
     for inst in comp:
         operands = tuple(rename.get(o, o) for o in inst.operands)
-        if not inlineable(inst):
+        if not picked(inst):
             out.append(dataclasses.replace(inst, operands=operands) if operands != inst.operands else inst)
             continue
         callee = done[inst.called_computations[0]]

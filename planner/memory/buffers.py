@@ -35,8 +35,19 @@ FUSIBLE = (
     | TERNARY_ELEMENTWISE
     | frozenset("broadcast reshape slice pad iota concatenate dynamic-slice reduce transpose".split())
 )
-# Ops XLA's fusion duplicates into every consumer rather than materialise.
+# Ops XLA:CPU's fusion duplicates into every consumer rather than materialise.
 _CHEAP = frozenset("broadcast reshape iota slice convert".split())
+# XLA's InstructionFusion duplicates a producer into all its consumers unless it is expensive
+# (`InstructionFusion::IsExpensive`: elementwise arithmetic, compares, selects, converts and data
+# movement are cheap), and an accelerator's fusion counts f32/f16 exponentials, divides and square
+# roots cheap too (`GpuInstructionFusion::IsExpensive`). XLA:TPU's buffer assignment agrees: on
+# MaxText's Llama step the softmax's f32 `[batch, seq, vocab]` subtract and exponential, each read by
+# two consumers, hold no buffer; only the bf16 logits and their gradient do.
+RECOMPUTED_BY_ACCELERATOR_FUSION = frozenset(
+    """add and broadcast clamp compare concatenate convert copy dynamic-slice maximum minimum multiply
+    negate not or pad reshape reverse select slice subtract transpose xor iota""".split()
+)
+_ACCELERATOR_CHEAP_FLOAT_MATH = frozenset("exponential divide sqrt rsqrt".split())
 _VIEWS = frozenset({"get-tuple-element", "tuple", "bitcast", "reshape", "parameter", "opt-barrier"})
 
 
@@ -104,9 +115,27 @@ def readers(comp: Computation, name: str) -> list[str]:
     return found
 
 
-def materialises(comp: Computation, inst: Instruction) -> bool:
-    """Whether XLA gives this instruction's value a buffer of its own after fusion."""
+def _recomputed(inst: Instruction, accelerator: bool) -> bool:
+    """Whether fusion computes `inst` again in each of several consumers instead of storing it."""
+    if not accelerator:
+        return inst.opcode in _CHEAP
+    if inst.opcode in RECOMPUTED_BY_ACCELERATOR_FUSION:
+        return True
+    shape = inst.shape
+    return (
+        inst.opcode in _ACCELERATOR_CHEAP_FLOAT_MATH
+        and isinstance(shape, ArrayShape)
+        and shape.element_type in ("f32", "f16")
+    )
+
+
+def materialises(comp: Computation, inst: Instruction, accelerator: bool = False) -> bool:
+    """Whether XLA gives this instruction's value a buffer of its own after fusion (`accelerator`: as XLA:TPU's
+    and XLA:GPU's fusion decides it, else XLA:CPU's)."""
     if inst.opcode in _VIEWS or is_sharding_annotation(inst):
+        return False
+    if inst.opcode == "constant" and accelerator:
+        # XLA:TPU's buffer assignment gives constants allocations of their own, outside its temporaries.
         return False
     if inst.opcode not in FUSIBLE or inst.opcode == "reduce":
         return True
@@ -114,7 +143,7 @@ def materialises(comp: Computation, inst: Instruction) -> bool:
     if not users or inst.name == comp.root_name:
         return True
     # Read by several fusions, only cheap ops are recomputed in each; others get a buffer.
-    if len(users) > 1 and inst.opcode not in _CHEAP:
+    if len(users) > 1 and not _recomputed(inst, accelerator):
         return True
     # Fused into its readers only if every reader is itself fusible.
     return not all(comp[u].opcode in FUSIBLE for u in users)

@@ -8,13 +8,15 @@ in its computation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from planner.hlo.frontend import is_torch_xla_module
-from planner.hlo.ir import Computation, HloModule
+from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes, sharding_of
-from planner.memory.dot_partition import partition_dot
+from planner.memory.dot_partition import DotPartition, partition_dot
+from planner.memory.windowed_einsum import Window, windowed_einsum
 from planner.propagation import PropagationResult, dot_dims
 
 
@@ -41,7 +43,7 @@ def _from_parameter_only(comp: Computation) -> set[str]:
     return found
 
 
-SPAN_KINDS = ("gathered", "result before reduction", "all-reduced result", "partial sums")
+SPAN_KINDS = ("gathered", "result before reduction", "all-reduced result", "partial sums", "windowed einsum")
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,10 @@ class Span:
 
 
 def communication_buffers(
-    module: HloModule, result: PropagationResult, computations: list[str]
+    module: HloModule,
+    result: PropagationResult,
+    computations: list[str],
+    windowed_einsum_thresholds: Mapping[int, int] | None = None,
 ) -> dict[str, list[Span]]:
     """What partitioning a dot allocates, per computation.
 
@@ -73,7 +78,9 @@ def communication_buffers(
     all-gather). The all-gather is issued as soon as its operand exists (XLA's schedulers start
     collectives early; in a loop body every weight's gather sits at the top), and dots that need the
     same operand gathered the same way share one gather (XLA's CSE). A result whose operands leave it
-    less split than its own sharding is computed whole, then reduced or sliced.
+    less split than its own sharding is computed whole, then reduced or sliced. With
+    `windowed_einsum_thresholds` (XLA:TPU's, per group size), a dot the partitioner makes a windowed
+    einsum holds the loop's shards instead (`windowed_einsum`), unless another dot shares its gather.
     """
     out: dict[str, list[Span]] = {}
     for name in computations:
@@ -86,22 +93,22 @@ def communication_buffers(
         invariant = _from_parameter_only(comp) if early else set()
         gathers: dict[tuple[str, int], Span] = {}
         spans: list[Span] = []
-        for pos, inst in enumerate(comp.instructions):
-            if inst.opcode != "dot":
-                continue
-            output = sharding_of(result, inst.name)
-            if output is None or output.is_tuple:
-                continue
+        dots = _partitioned_dots(comp, result, windowed_einsum_thresholds or {})
+        # How many dots read each gathered operand: a gather two dots share is not windowed.
+        sharing: dict[tuple[str, int], int] = {}
+        for _, inst, plan, _ in dots:
+            for read, need in zip(inst.operands[:2], plan.operand_bytes):
+                if need > per_device_bytes(comp[read].array_shape, sharding_of(result, read)):
+                    sharing[(read, need)] = sharing.get((read, need), 0) + 1
+        for pos, inst, plan, window in dots:
             lhs, rhs = comp[inst.operands[0]], comp[inst.operands[1]]
-            if not isinstance(lhs.shape, ArrayShape) or not isinstance(rhs.shape, ArrayShape):
-                continue
-            dims = dot_dims(inst, lhs.shape.rank, rhs.shape.rank)
             shape = inst.array_shape
-            plan = partition_dot(
-                dims,
-                (lhs.shape, rhs.shape, shape),
-                (sharding_of(result, lhs.name), sharding_of(result, rhs.name), output),
-            )
+            output = sharding_of(result, inst.name)
+            if window is not None:
+                looped = inst.operands[window.operand] if window.operand is not None else None
+                if looped is None or sharing[(looped, plan.operand_bytes[window.operand or 0])] == 1:
+                    spans.append(Span(pos, pos, window.size_bytes, inst.name, "windowed einsum", shape, looped))
+                    continue
             for operand, need in zip((lhs, rhs), plan.operand_bytes):
                 if need > per_device_bytes(operand.array_shape, sharding_of(result, operand.name)):
                     key = (operand.name, need)
@@ -119,8 +126,29 @@ def communication_buffers(
         if early and spans:
             # The layer's weight-gradient partial sums are interleaved with its gathered weights: a
             # weight's gather stays live until the last partial sum of the body has been reduced.
-            last = max(span.end for span in spans)
+            last = max((span.end for span in spans if span.kind != "windowed einsum"), default=0)
             gathers = {k: replace(g, end=max(g.end, last)) if k[0] in invariant else g for k, g in gathers.items()}
         if gathers or spans:
             out[name] = list(gathers.values()) + spans
     return out
+
+
+def _partitioned_dots(
+    comp: Computation, result: PropagationResult, thresholds: Mapping[int, int]
+) -> list[tuple[int, Instruction, DotPartition, Window | None]]:
+    """Each array dot of `comp` with its position, its partition and the windowed einsum it may become."""
+    found = []
+    for pos, inst in enumerate(comp.instructions):
+        if inst.opcode != "dot":
+            continue
+        output = sharding_of(result, inst.name)
+        if output is None or output.is_tuple:
+            continue
+        lhs, rhs = comp[inst.operands[0]], comp[inst.operands[1]]
+        if not isinstance(lhs.shape, ArrayShape) or not isinstance(rhs.shape, ArrayShape):
+            continue
+        shapes = (lhs.shape, rhs.shape, inst.array_shape)
+        shardings = (sharding_of(result, lhs.name), sharding_of(result, rhs.name), output)
+        plan = partition_dot(dot_dims(inst, lhs.shape.rank, rhs.shape.rank), shapes, shardings)
+        found.append((pos, inst, plan, windowed_einsum(plan, shapes, shardings, thresholds) if thresholds else None))
+    return found

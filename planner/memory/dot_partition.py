@@ -55,6 +55,10 @@ class DotPartition:
     operand_bytes: tuple[int, int]  # per device, as the dot reads them
     result_bytes: int  # per device, as the dot writes it
     partial: bool  # the result holds partial sums over a split contracting dim
+    # The device groupings each operand is gathered over, and those its contraction reduces over.
+    gathered_over: tuple[frozenset[Grouping], frozenset[Grouping]] = (frozenset(), frozenset())
+    reduced_over: frozenset[Grouping] = frozenset()
+    flops: int = 0  # per device: 2 x result elements x contracted elements, as the partition computes them
 
 
 def partition_dot(
@@ -95,4 +99,25 @@ def partition_dot(
     )
     out_shape = shapes[2]
     result_bytes = out_shape.bytes_for_dims(tuple(-(-n // t) for n, t in zip(out_shape.dims, result)))
-    return DotPartition((operand_bytes[0], operand_bytes[1]), result_bytes, bool(contracting))
+    gathered = tuple(
+        frozenset(
+            g
+            for d in range(shape.rank)
+            if split[d] < _split(sharding, d) and (g := axis_grouping(sharding, d)) is not None
+        )
+        for shape, split, sharding in zip(shapes[:2], splits, (lhs, rhs))
+    )
+    result_elements = 1
+    for n, t in zip(out_shape.dims, result):
+        result_elements *= -(-n // t)
+    contracted = 1
+    for role in dims.contracting:
+        contracted *= -(-shapes[0].dims[role.lhs] // splits[0][role.lhs])
+    return DotPartition(
+        (operand_bytes[0], operand_bytes[1]),
+        result_bytes,
+        bool(contracting),
+        (gathered[0], gathered[1]),
+        frozenset(contracting),
+        2 * result_elements * contracted,
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.hlo.inline import inline_calls
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.shapes import ArrayShape, TupleShape
 from planner.memory.buffers import (
@@ -29,7 +30,7 @@ from planner.memory.buffers import (
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
 from planner.memory.schedule import list_schedule, with_schedule
-from planner.memory.values import ValueModel, aliased_outputs, reads_leaf
+from planner.memory.values import ValueModel, aliased_outputs, read_ends, reads_leaf
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
@@ -55,6 +56,8 @@ class MemoryEstimate:
     body_peak_bytes: dict[str, int] = field(default_factory=dict)
     # The module in the instruction order the positions above refer to (None: as given).
     scheduled: HloModule | None = None
+    # (computation, instruction) computed inside its consumers by fusion (`ValueModel.fused`).
+    fused: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def total_bytes(self) -> int:
@@ -70,9 +73,15 @@ def estimate_module(
     While body (innermost first), then the entry, is measured in its list schedule too and keeps it
     where the step needs less.
     """
-    model = ValueModel(module, result)
+    given = module
+    # The calls left after propagation (a shard_map's body) are inlined before XLA assigns buffers: an
+    # operand the body reads only early dies inside it, before the outputs it returns are written.
+    module = inline_calls(module, which=lambda inst: inst.opcode == "call").module
+    model = ValueModel(module, result, backend_of(target).compiler != "cpu")
     model.build()
     estimate = _estimate_in_order(module, result, mesh, target, model)
+    if module is not given:
+        estimate.scheduled = module
     if not backend_of(target).schedules_for_memory:
         return estimate
     bodies = [c for c in _innermost_first(module, model.body_of) if model.body_of[c].attr("body").names[0] == c]
@@ -103,7 +112,7 @@ def _estimate_in_order(
     value model, when already built)."""
     backend = backend_of(target)
     if model is None:
-        model = ValueModel(module, result)
+        model = ValueModel(module, result, backend.compiler != "cpu")
         model.build()
     uf = model.uf
     groups: dict[Value, list[Value]] = {}
@@ -111,6 +120,7 @@ def _estimate_in_order(
         groups.setdefault(uf.find(v), []).append(v)
     entry = module.entry
     positions = {inst.name: i for i, inst in enumerate(entry.instructions)}
+    entry_reads_end = read_ends(entry, model.fused, positions)
     end_position = len(entry.instructions)
     # XLA copies a root element that is an entry parameter or appears twice, so
     # every root leaf is an output buffer of its own; a value that is returned
@@ -165,7 +175,7 @@ def _estimate_in_order(
         for v in entry_members:
             for user in entry.users(v[1]):
                 if reads_leaf(entry, entry[user], v[2]):
-                    end = max(end, positions[user])
+                    end = max(end, entry_reads_end[user])
         buffer = Buffer(
             len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members
         )
@@ -176,7 +186,7 @@ def _estimate_in_order(
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
-    communication = communication_buffers(module, result, model.walk_order())
+    communication = communication_buffers(module, result, model.walk_order(), backend.windowed_einsum_thresholds)
     reduced = {(comp, span.dot) for comp, spans in communication.items() for span in spans
                if span.kind == "all-reduced result"}  # fmt: skip
     for dot, size, label, shape, sharding, at in accumulators:
@@ -204,7 +214,7 @@ def _estimate_in_order(
         comp = module.computation(comp_name)
         nested = _nested_peaks(comp, body_peaks, model.body_of)
         if local or transient or nested:
-            body_peaks[comp_name] = _local_peak(comp, local, transient, nested)
+            body_peaks[comp_name] = _local_peak(comp, local, transient, nested, model.fused)
     extra_at = _nested_peaks(entry, body_peaks, model.body_of)
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
     peak, peak_position = peak_of_spans([(b.start, b.end, b.size_bytes) for b in temps], end_position, extra_at)
@@ -224,7 +234,8 @@ def _estimate_in_order(
         if k in aliased_outputs(module)
     )
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
-                              on_chip_bytes=on_chip, body_peak_bytes=body_peaks)  # fmt: skip
+                              on_chip_bytes=on_chip, body_peak_bytes=body_peaks,
+                              fused=frozenset(model.fused))  # fmt: skip
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
     outputs = [
         (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)
@@ -261,23 +272,29 @@ def _nested_peaks(comp: Computation, body_peaks: dict[str, int], body_of: dict[s
 
 
 def _local_peak(
-    comp: Computation, buffers: list[Buffer], transient: list[tuple[int, int, int]], nested: dict[int, int]
+    comp: Computation,
+    buffers: list[Buffer],
+    transient: list[tuple[int, int, int]],
+    nested: dict[int, int],
+    fused: set[tuple[str, str]] | frozenset[tuple[str, str]],
 ) -> int:
     """The body's peak of its own buffers, the partitioner's (start, end, bytes) spans and, at each
     While nested in it, that While's body peak."""
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
+    ends = read_ends(comp, fused, positions)
     spans = list(transient)
     for b in buffers:
-        spans.append((*body_span(comp, positions, b), b.size_bytes))
+        spans.append((*body_span(comp, positions, b, ends), b.size_bytes))
     return peak_of_spans(spans, len(comp.instructions), nested)[0]
 
 
-def body_span(comp: Computation, positions: dict[str, int], buffer: Buffer) -> tuple[int, int]:
+def body_span(comp: Computation, positions: dict[str, int], buffer: Buffer, ends: dict[str, int]) -> tuple[int, int]:
     """(first, last) position in `comp` at which a buffer local to it is live: from its first value's
-    definition to the last instruction that reads one of its values (`reads_leaf`)."""
+    definition to the last instruction that reads one of its values (`reads_leaf`), where the read
+    ends (`read_ends`)."""
     defined = [v for v in buffer.values if v[0] == comp.name]
     start = min(positions[v[1]] for v in defined)
-    end = max([start] + [positions[u] for v in defined for u in comp.users(v[1]) if reads_leaf(comp, comp[u], v[2])])
+    end = max([start] + [ends[u] for v in defined for u in comp.users(v[1]) if reads_leaf(comp, comp[u], v[2])])
     return start, end
 
 

@@ -34,6 +34,7 @@ from planner.memory.buffers import Buffer
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import widened_bytes
 from planner.memory.model import MemoryEstimate, body_span
+from planner.memory.values import read_ends
 from planner.propagation import PropagationResult
 from planner.targets import Backend
 from planner.targets import backend as backend_of
@@ -117,17 +118,18 @@ def _body_live(
 
     The model's body peak (`_local_peak`) is the largest of these.
     """
-    communication = communication_buffers(module, result, _reachable(module))
+    communication = communication_buffers(module, result, _reachable(module), backend.windowed_einsum_thresholds)
     names = {b.computation for b in estimate.buffers if b.start < 0} | (set(communication) - {module.entry_name})
     out = {}
     for name in names:
         comp = module.computation(name)
         positions = {inst.name: k for k, inst in enumerate(comp.instructions)}
+        ends = read_ends(comp, estimate.fused, positions)
         spans = [(s.start, s.end, widened_bytes(s.size_bytes, s.shape, backend)) for s in communication.get(name, [])]
         for b in estimate.buffers:
             if b.start >= 0 or b.computation != name:
                 continue
-            spans.append((*body_span(comp, positions, b), b.size_bytes))
+            spans.append((*body_span(comp, positions, b, ends), b.size_bytes))
         out[name] = _live(len(comp.instructions), spans)
     return out
 
