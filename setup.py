@@ -55,8 +55,12 @@ class OptionalBuildExt(build_ext):
             print(f"the compiled core was not built ({e}): the planner runs as pure Python", file=sys.stderr)
             return
         if self.extensions and "digest" in _BUILT:
-            # The compiled modules now are these sources: say so, for `planner/native.py` to check.
-            runpy.run_path(str(ROOT / "planner" / "native.py"))["write_stamp"](ROOT, _BUILT["digest"])
+            # The compiled modules now are these sources: say so, for `planner/native.py` to check, in the
+            # source tree and, for a wheel, beside the compiled modules (build_py copied the package first).
+            write_stamp = runpy.run_path(str(ROOT / "planner" / "native.py"))["write_stamp"]
+            write_stamp(ROOT, _BUILT["digest"])
+            if not self.inplace:
+                write_stamp(Path(self.build_lib), _BUILT["digest"])
 
 
 setup(ext_modules=native_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -38,9 +38,10 @@ FUSIBLE = (
 # Ops XLA:CPU's fusion duplicates into every consumer rather than materialise.
 _CHEAP = frozenset("broadcast reshape iota slice convert".split())
 # XLA's InstructionFusion duplicates a producer into all its consumers unless it is expensive
-# (`InstructionFusion::IsExpensive`: elementwise arithmetic, compares, selects, converts and data
-# movement are cheap), and an accelerator's fusion counts f32/f16 exponentials, divides and square
-# roots cheap too (`GpuInstructionFusion::IsExpensive`). XLA:TPU's buffer assignment agrees: on
+# (`InstructionFusion::IsExpensive`: add, subtract, multiply, compares, selects, converts and data
+# movement are cheap; the list below is the subset the model's fusible opcodes hold), and an
+# accelerator's fusion counts f32/f16 exponentials, divides and square roots cheap too
+# (`GpuInstructionFusion::IsExpensive`). XLA:TPU's buffer assignment agrees: on
 # MaxText's Llama step the softmax's f32 `[batch, seq, vocab]` subtract and exponential, each read by
 # two consumers, hold no buffer; only the bf16 logits and their gradient do.
 RECOMPUTED_BY_ACCELERATOR_FUSION = frozenset(
@@ -135,7 +136,8 @@ def materialises(comp: Computation, inst: Instruction, accelerator: bool = False
     if inst.opcode in _VIEWS or is_sharding_annotation(inst):
         return False
     if inst.opcode == "constant" and accelerator:
-        # XLA:TPU's buffer assignment gives constants allocations of their own, outside its temporaries.
+        # XLA:TPU's buffer assignment gives constants allocations of their own, outside its temporaries
+        # (and the model counts them nowhere: they are part of the program, not of a step's HBM).
         return False
     if inst.opcode not in FUSIBLE or inst.opcode == "reduce":
         return True

@@ -294,8 +294,9 @@ class ValueModel:
         ]
 
 
-# A reduction, and views of what is ready (no computation of their own), are ready with their inputs.
-_READY_WITH_INPUTS = frozenset({"reduce", "bitcast", "reshape", "get-tuple-element"})
+# A reduction, views of what is ready (no computation of their own) and constants (there from the start)
+# are ready with their inputs.
+_READY_WITH_INPUTS = frozenset({"reduce", "bitcast", "reshape", "get-tuple-element", "constant"})
 
 
 def read_ends(
@@ -306,7 +307,8 @@ def read_ends(
     consumer far down the computation (fusion recomputes a cheap op in each of its consumers) keeps
     what it reads live until that consumer.
 
-    Except a reduction: it runs as soon as what it reads is ready, wherever the program text puts it.
+    Except a reduction reached through such a chain: it runs as soon as what it reads is ready, wherever
+    the program text puts it (a reduction reading a stored value directly still reads it in place).
     It turns a large input into a small output, so a scheduler that watches memory (XLA's do) issues it
     early rather than keep the input live. JAX writes a loss's log-softmax sum after the whole backward
     pass; read there, MaxText's `[batch, seq, vocab]` logits would stay live through it.
