@@ -54,7 +54,8 @@ class MemoryEstimate:
     on_chip_bytes: int = 0
     # Each While body's peak of its own buffers, added at its While's position.
     body_peak_bytes: dict[str, int] = field(default_factory=dict)
-    # The module in the instruction order the positions above refer to (None: as given).
+    # The module the positions above refer to (None: as given): the given one with its remaining calls
+    # inlined and, for a compiler that schedules for memory, its computations in the order measured.
     scheduled: HloModule | None = None
     # (computation, instruction) computed inside its consumers by fusion (`ValueModel.fused`).
     fused: frozenset[tuple[str, str]] = frozenset()

@@ -323,10 +323,9 @@ def read_ends(
         end = positions[inst.name]
         if (comp.name, inst.name) in fused:
             # Computed inside its consumers: its reads happen where they run, not where the text puts it.
-            end = max((ready[r] for r in comp.users(inst.name)), default=end)
-            for reader in comp.users(inst.name):
-                read_at = ready[reader] if comp[reader].opcode == "reduce" else ends.get(reader, positions[reader])
-                end = max(end, read_at)
+            end = max(
+                ready[reader] if comp[reader].opcode == "reduce" else ends[reader] for reader in comp.users(inst.name)
+            )
         ends[inst.name] = end
     return ends
 
