@@ -4,10 +4,11 @@
 
 Each step is a `fidelity.run_maxtext` record (MaxText's `train_compile` for a TPU topology, ahead of time)
 with its three text forms. Prints a markdown table: per step and form, our HBM per chip for the step's
-chip, XLA:TPU's (what it allocated, or what it needed when it refused the step with its out-of-memory
-error), the signed error, XLA:TPU's verdict and ours (`planner.plan.verdict.call` with the sweep's band for
-the step's kind), whether our per-device While shapes equal XLA:TPU's, and the seconds the plan took (parse,
-propagation, memory) against XLA:TPU's compile of the step in the same record. Then the error's spread.
+chip, XLA:TPU's (its buffer assignment's HBM total, `fidelity.run_maxtext.reference_bytes`: what it
+allocated, or what it needed when it refused the step), the signed error, XLA:TPU's verdict and ours
+(`planner.plan.verdict.call` with the sweep's band for the step's kind), whether our per-device While
+shapes equal XLA:TPU's, and the seconds the plan took (parse, propagation, memory) against XLA:TPU's
+compile of the step in the same record. Then the error's spread.
 """
 
 from __future__ import annotations
@@ -42,18 +43,18 @@ def rows(directory: Path) -> list[dict[str, object]]:
     for record_path in sorted(directory.glob("*.xla.json")):
         record = json.loads(record_path.read_text())
         name, chip = record["name"], str(record["topology"]).split("-")[0]
-        xla, what, fits = reference_bytes(record)
+        xla, fits = reference_bytes(record)
         band = band_of("tpu", record["partitioner"], "jax")
         for form in FORMS:
             row: dict[str, object] = {"step": name, "form": form, "partitioner": record["partitioner"],
-                                      "xla_bytes": xla, "what": what, "xla_call": FITS if fits else DOES_NOT_FIT,
+                                      "xla_bytes": xla, "xla_call": FITS if fits else DOES_NOT_FIT,
                                       "compile_seconds": record.get("compile_seconds")}  # fmt: skip
             start = time.perf_counter()
             try:
                 prepared = prepare(parse_hlo_file(_path(directory, name, form)), chip)
                 result = propagate(prepared)
                 report = memory_report(prepared, result=result)
-                row["ours_bytes"] = report.total_bytes if what == "total" else report.temp_bytes
+                row["ours_bytes"] = report.total_bytes
                 row["our_call"] = call(report.total_bytes, CHIPS[chip].hbm_bytes, band)
                 row["whiles"] = propagation_agreement(prepared, result, record["tpu"]["post_partition_while_shapes"])
             except PlannerError as e:
@@ -74,9 +75,7 @@ def table(found: list[dict[str, object]]) -> str:
             cells = f"{xla / 2**30:.2f} | fails: {r['failure']} | | {r['xla_call']} | | |"
         else:
             ours = int(r["ours_bytes"])  # type: ignore[call-overload]
-            # A refusal that names only the temporaries is compared on the temporaries.
-            note = " (temporaries)" if r["what"] == "temporaries" else ""
-            cells = (f"{xla / 2**30:.2f}{note} | {ours / 2**30:.2f} | {100 * (ours - xla) / xla:+.1f}% | "
+            cells = (f"{xla / 2**30:.2f} | {ours / 2**30:.2f} | {100 * (ours - xla) / xla:+.1f}% | "
                      f"{r['xla_call']} | {r['our_call']} | {r['whiles']} |")  # fmt: skip
         lines.append(f"| {r['step']} | {r['partitioner']} | {r['form']} | {cells} {r['plan_seconds']} | "
                      f"{r['compile_seconds']} |")  # fmt: skip

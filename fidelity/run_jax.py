@@ -30,7 +30,7 @@ from fidelity.dumps import (
     xla_flags,
 )
 from fidelity.hlo_text import instruction_shardings, read_module, source_names
-from fidelity.memory_stats import memory_record
+from fidelity.memory_stats import hbm_bytes, memory_record
 from fidelity.record import (
     RunOptions,
     count_opcode,
@@ -257,12 +257,14 @@ def _tpu(
         pre_propagation = case.name + TPU_PRE_PROPAGATION_SUFFIX
         (out_dir / pre_propagation).write_text(module.before_propagation.read_text())
     outputs = _output_shardings(case, compiled.output_shardings, jax.eval_shape(train_step(case, mesh), *args))
+    hbm = hbm_bytes(module.buffer_assignment.read_text())
     return {
         "topology": case.tpu_topology,
         "device_kind": str(getattr(devices[0], "device_kind", "")),
         "num_devices": case.mesh.num_devices,
         "compile_seconds": round(compile_seconds, 3),
         "memory": memory_record(compiled.memory_analysis()),
+        **({"hbm_bytes": hbm} if hbm is not None else {}),
         "output_shardings": outputs["hlo"],
         "instruction_shardings": instruction_shardings(read_module(propagated.read_text())),
         "post_partition_while_shapes": while_shapes(module.after_spmd_partitioning.read_text()),

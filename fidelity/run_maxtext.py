@@ -12,13 +12,17 @@ watches it:
 - the step in all three forms a user has: XLA's dump of the compile (`NAME.xla_dump.hlo`, what
   `--xla_dump_to` writes), `lowered.as_text(dialect="hlo")` (`NAME.hlo`) and `lowered.as_text()`
   (StableHLO, `NAME.stablehlo.mlir`), taken from the `Lowered` that `train_compile` compiles;
-- `NAME.xla.json`: XLA:TPU's memory statistics of the compiled step (bytes per chip), the per-device
-  While shapes right after `tpu-spmd-partitioning`, the partitioner, topology and MaxText's overrides;
-- `NAME.memory-usage-report.txt`: XLA:TPU's own account of its heap, buffer by buffer.
+- `NAME.xla.json`: XLA:TPU's memory statistics of the compiled step, its HBM per chip (`tpu.hbm_bytes`,
+  below), the per-device While shapes right after `tpu-spmd-partitioning`, the partitioner, topology and
+  MaxText's overrides;
+- `NAME.memory-usage-report.txt`: XLA:TPU's own account of its buffer assignment, allocation by allocation.
 
-A step XLA:TPU refuses with its compile-time out-of-memory error is recorded as that refusal
-(`tpu.oom`: what it says the step needed per chip, its whole use or its temporaries alone as libtpu
-words it, and what is available) in place of the memory statistics.
+HBM per chip is what its buffer assignment allocates in the default memory space
+(`fidelity.memory_stats`), the report's total for that space.
+A step XLA:TPU refuses with its compile-time out-of-memory error quotes exactly that total, whatever
+libtpu calls it (Mixtral 8x7B on v5p-8: "HLO temporaries (100.03G)", and a report whose color 0 totals
+100.03 GiB, 63 GiB of it f32 parameters and optimizer state). A refusal is recorded as such (`tpu.oom`:
+the bytes its message quotes and those available) in place of the memory statistics.
 
 `train_compile` in MaxText 0.2.5 does not apply its `shardy` key; the partitioner is chosen the way JAX
 reads it, `JAX_USE_SHARDY_PARTITIONER`, before jax is imported. `--layers` sets
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.dumps import DUMP_PASS_RE, largest_module, while_shapes
-from fidelity.memory_stats import memory_record
+from fidelity.memory_stats import hbm_bytes, memory_record
 
 
 def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[str]) -> list[str]:
@@ -61,8 +65,8 @@ class StepDoesNotFit(Exception):
 
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = r"([\d.]+)([KMGT])"
-# libtpu's two spellings: the step's whole use (`Used 42.79G of 31.24G hbm`), or its temporaries alone
-# (`the total memory required for HLO temporaries (36.62G) exceeds available HBM (31.24G)`).
+# libtpu's two spellings of one total (`Used 42.79G of 31.24G hbm`; `the total memory required for HLO
+# temporaries (36.62G) exceeds available HBM (31.24G)`, which counts the parameters' allocations too).
 _USED = re.compile(rf"Used {_SIZE} of {_SIZE} hbm")
 _TEMPORARIES = re.compile(rf"required for HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
 
@@ -72,36 +76,28 @@ def _bytes(number: str, unit: str) -> int:
 
 
 def hbm_oom(message: str) -> dict[str, Any] | None:
-    """XLA:TPU's compile-time HBM out-of-memory error, read (its units are binary): the bytes per chip the
-    step uses (`used_bytes`) or its temporaries need (`temp_bytes`), and those available; None for any other
-    error."""
+    """XLA:TPU's compile-time HBM out-of-memory error, read (its units are binary): the HBM per chip it says
+    the step needs (`needed_bytes`, in either spelling) and what is available; None for any other error."""
     line = next((ln.strip() for ln in message.splitlines() if "HBM" in ln or "hbm" in ln), message.strip())[:500]
-    used = _USED.search(message)
-    if used is not None:
-        return {
-            "message": line,
-            "used_bytes": _bytes(*used.groups()[:2]),
-            "available_bytes": _bytes(*used.groups()[2:]),
-        }
-    temporaries = _TEMPORARIES.search(message)
-    if temporaries is not None:
-        groups = temporaries.groups()
-        return {"message": line, "temp_bytes": _bytes(*groups[:2]), "available_bytes": _bytes(*groups[2:])}
-    return None
+    found = _USED.search(message) or _TEMPORARIES.search(message)
+    if found is None:
+        return None
+    groups = found.groups()
+    return {"message": line, "needed_bytes": _bytes(*groups[:2]), "available_bytes": _bytes(*groups[2:])}
 
 
-def reference_bytes(record: dict[str, Any]) -> tuple[int, str, bool]:
-    """What XLA:TPU says a recorded step holds per chip: (bytes, "total" or "temporaries", whether it compiled).
+def reference_bytes(record: dict[str, Any]) -> tuple[int, bool]:
+    """What XLA:TPU holds per chip in HBM for a recorded step, and whether it compiled the step.
 
-    A compiled step: its memory statistics' total (argument + output + temp - alias). A refused one: what its
-    out-of-memory error says, the whole use or, as today's libtpu words it, the temporaries alone."""
+    Its buffer assignment's HBM total where the report was kept; else, for a refused step, the total its
+    out-of-memory error quotes (the same number), and for a compiled one its memory statistics' total."""
     tpu = record["tpu"]
-    if "memory" in tpu:
-        return int(tpu["memory"]["total_bytes"]), "total", True
-    oom = tpu["oom"]
-    if "used_bytes" in oom:
-        return int(oom["used_bytes"]), "total", False
-    return int(oom["temp_bytes"]), "temporaries", False
+    compiled = "memory" in tpu
+    if "hbm_bytes" in tpu:
+        return int(tpu["hbm_bytes"]), compiled
+    if compiled:
+        return int(tpu["memory"]["total_bytes"]), True
+    return int(tpu["oom"]["needed_bytes"]), False
 
 
 def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
@@ -155,6 +151,8 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     report = _same_module(dump_dir, module.prefix, "*memory-usage-report.txt")
     if report:
         shutil.copy(report[-1], out_dir / f"{name}.memory-usage-report.txt")
+    assignment = _same_module(dump_dir, module.prefix, "*after_optimizations-buffer-assignment.txt")
+    hbm = hbm_bytes(assignment[-1].read_text()) if assignment else None
     partitioned = _same_module(dump_dir, module.prefix, "*after_tpu-spmd-partitioning*.txt")
     if not partitioned:
         raise FileNotFoundError(f"no dump after tpu-spmd-partitioning of {module.prefix} in {dump_dir}")
@@ -177,6 +175,7 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
         "wall_seconds": round(time.perf_counter() - start, 3),
         "tpu": {
             **({"oom": seen["oom"]} if "oom" in seen else {"memory": seen["memory"]}),
+            **({"hbm_bytes": hbm} if hbm is not None else {}),
             "post_partition_while_shapes": while_shapes(partitioned[-1].read_text()),
         },
     }
@@ -216,17 +215,13 @@ def main(argv: list[str] | None = None) -> int:
                  args.keep_dumps)  # fmt: skip
     whiles = len(record["tpu"]["post_partition_while_shapes"])
     if "oom" in record["tpu"]:
-        oom = record["tpu"]["oom"]
-        needs = (
-            f"{oom['used_bytes'] / 2**30:.2f} GiB"
-            if "used_bytes" in oom
-            else (f"{oom['temp_bytes'] / 2**30:.2f} GiB of temporaries")
-        )
-        print(f"{args.name}: XLA:TPU refuses it: needs {needs} per chip of {oom['available_bytes'] / 2**30:.2f}, "
+        needs, _ = reference_bytes(record)
+        available = record["tpu"]["oom"]["available_bytes"]
+        print(f"{args.name}: XLA:TPU refuses it: needs {needs / 2**30:.2f} GiB per chip of {available / 2**30:.2f}, "
               f"{whiles} Whiles, compile {record['compile_seconds']} s")  # fmt: skip
         return 0
-    memory = record["tpu"]["memory"]
-    print(f"{args.name}: XLA:TPU {memory['total_bytes'] / 2**30:.2f} GiB per chip, {whiles} Whiles, "
+    held, _ = reference_bytes(record)
+    print(f"{args.name}: XLA:TPU {held / 2**30:.2f} GiB of HBM per chip, {whiles} Whiles, "
           f"compile {record['compile_seconds']} s")  # fmt: skip
     return 0
 

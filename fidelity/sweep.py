@@ -81,11 +81,13 @@ class Row:
 
 
 def compiler_bytes(record: dict[str, object], backend: str) -> int:
-    """The compiler's argument + output + temp - alias per device (torch_xla: its CPU buffer assignment)."""
+    """The compiler's bytes per device: XLA:CPU's argument + output + temp - alias (torch_xla: its buffer
+    assignment), XLA:TPU's HBM (`fidelity.memory_stats`; its statistics' total where a record predates it)."""
     if backend == "cpu":
         memory = record.get("memory")
         return int(memory["total_bytes"]) if memory else int(record["xla_per_device_total_bytes"])  # type: ignore[index,call-overload]
-    return int(record["tpu"]["memory"]["total_bytes"])  # type: ignore[index]
+    tpu = record["tpu"]
+    return int(tpu.get("hbm_bytes", tpu["memory"]["total_bytes"]))  # type: ignore[union-attr,index,attr-defined]
 
 
 def predict(case: Case, check_placements: bool = False) -> list[Row]:

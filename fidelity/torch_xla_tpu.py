@@ -37,10 +37,15 @@ def add_tpu_record(case: Case, hlo: Path) -> None:
             "output_size_in_bytes": report["output_bytes"],
             "temp_size_in_bytes": report["temp_bytes"],
             "alias_size_in_bytes": report["alias_bytes"],
-            "total_bytes": report["total_bytes"],
+            "total_bytes": report["argument_bytes"]
+            + report["output_bytes"]
+            + report["temp_bytes"]
+            - report["alias_bytes"],
         },
         "post_partition_while_shapes": report["while_shapes"],
     }
+    if report.get("hbm_bytes") is not None:
+        tpu["hbm_bytes"] = report["hbm_bytes"]
     path = hlo.with_suffix(".xla.json")
     record = json.loads(path.read_text())
     record["tpu"] = tpu

@@ -66,6 +66,10 @@ class Backend:
     # Per group size, the FLOPs per byte of collective at which the partitioner makes a dot a windowed
     # einsum (`planner.memory.windowed_einsum`); empty: it never does.
     windowed_einsum_flops_per_byte: tuple[tuple[int, int], ...] = ()
+    # The compiler's buffer assignment lets an all-reduce write its result over its operand (XLA:TPU's
+    # does: a weight gradient's partial sums and their all-reduce share one allocation, offset and all);
+    # XLA:CPU's gives the result a buffer of its own.
+    all_reduces_in_place: bool = False
 
     @property
     def windowed_einsum_thresholds(self) -> dict[int, int]:
@@ -97,6 +101,7 @@ def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
         alternate_memory_bytes=alternate_memory_mib * MIB,
         lends_unwritten_outputs=True,
         windowed_einsum_flops_per_byte=WINDOWED_EINSUM_FLOPS_PER_BYTE[chip],
+        all_reduces_in_place=True,
     )
 
 
@@ -104,7 +109,7 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("cpu", "cpu", widens_half_floats=_xla_cpu_widens_half_floats(), schedules_for_memory=True),
-        Backend("tpu", "tpu", narrows_f32_dot_operands=True, lends_unwritten_outputs=True),
+        Backend("tpu", "tpu", narrows_f32_dot_operands=True, lends_unwritten_outputs=True, all_reduces_in_place=True),
         _tpu("v6e", 96),
         _tpu("v5e", 112),
         _tpu("v5p", 32),

@@ -11,6 +11,8 @@ a shard_map's edges and body.
 
 from __future__ import annotations
 
+from allocations import allocating
+
 from planner import parse_hlo
 from planner.memory.model import estimate_module
 from planner.memory.values import ValueModel, read_ends
@@ -47,24 +49,17 @@ def _softmax(element_type: str) -> str:
     return SOFTMAX.replace("{t}", element_type)
 
 
-def _allocating(text: str, target: str) -> set[str]:
-    prepared = prepare(parse_hlo(text), target)
-    model = ValueModel(prepared.module, propagate(prepared), target != "cpu")
-    model.build()
-    return {v[1] for v in model.allocating}
-
-
 def test_an_accelerator_recomputes_cheap_ops_and_f32_exponentials_in_each_consumer() -> None:
-    tpu = _allocating(_softmax("f32"), "v6e")
+    tpu = allocating(_softmax("f32"), "v6e")
     # The subtract and the exponential each feed two fusions: recomputed there, no buffer of their own.
     assert "centred" not in tpu and "e" not in tpu
-    cpu = _allocating(_softmax("f32"), "cpu")
+    cpu = allocating(_softmax("f32"), "cpu")
     assert {"centred", "e"} <= cpu
 
 
 def test_an_accelerator_stores_a_bf16_exponential_read_twice() -> None:
     # Only f32 and f16 exponentials count as cheap (GpuInstructionFusion::IsExpensive).
-    assert "e" in _allocating(_softmax("bf16"), "v6e")
+    assert "e" in allocating(_softmax("bf16"), "v6e")
 
 
 FAR_READ = """HloModule far_read, num_partitions=1

@@ -55,7 +55,7 @@ def _spans(text: str, chip: str) -> list[tuple[str, int]]:
     prepared = prepare(parse_hlo(text), chip)
     result = propagate(prepared)
     module = prepared.module
-    spans = communication_buffers(module, result, [module.entry_name], backend(chip).windowed_einsum_thresholds)
+    spans = communication_buffers(module, result, [module.entry_name], backend(chip))
     return [(s.kind, s.size_bytes) for s in spans.get(module.entry_name, [])]
 
 

@@ -18,14 +18,20 @@ from planner.memory.buffers import per_device_bytes, sharding_of
 from planner.memory.dot_partition import DotPartition, partition_dot
 from planner.memory.windowed_einsum import Window, windowed_einsum
 from planner.propagation import PropagationResult, dot_dims
+from planner.targets import Backend
+from planner.targets import backend as target_backend
 
 
 def issues_weight_gathers_first(module: HloModule) -> bool:
-    """Whether the XLA that compiles this module schedules a loop body's weight gathers first.
+    """Whether a loop body's weight gathers are held from the top of the body.
 
-    jaxlib 0.7.1's XLA:CPU does: every gather of the layer's weights at the top of the body, live
-    until the layer's weight-gradient partial sums are reduced. torch_xla 2.9 compiles with the XLA
-    it bundles, whose schedule interleaves each gather with its use.
+    jaxlib's XLA:CPU issues every gather of the layer's weights there. torch_xla 2.9 compiles with the
+    XLA it bundles, whose schedule interleaves each gather with its use. XLA:TPU's latency-hiding
+    scheduler starts each gather a few positions before its dot but also reorders the body: its
+    backward body runs the rematerialised forward dots first, so the layer's gathered weights are held
+    together (Llama 3.1 405B on v6e-256: its three MLP weights' gathers live across positions 724-749,
+    735-754 and 744-746 of the body). The body as JAX writes it interleaves those dots with the backward
+    ones; a gather held from the top of the body stands for that overlap.
     """
     return not is_torch_xla_module(module)
 
@@ -70,7 +76,7 @@ def communication_buffers(
     module: HloModule,
     result: PropagationResult,
     computations: list[str],
-    windowed_einsum_thresholds: Mapping[int, int] | None = None,
+    backend: Backend | None = None,
 ) -> dict[str, list[Span]]:
     """What partitioning a dot allocates, per computation.
 
@@ -78,10 +84,13 @@ def communication_buffers(
     all-gather). The all-gather is issued as soon as its operand exists (XLA's schedulers start
     collectives early; in a loop body every weight's gather sits at the top), and dots that need the
     same operand gathered the same way share one gather (XLA's CSE). A result whose operands leave it
-    less split than its own sharding is computed whole, then reduced or sliced. With
-    `windowed_einsum_thresholds` (XLA:TPU's, per group size), a dot the partitioner makes a windowed
-    einsum holds the loop's shards instead (`windowed_einsum`), unless another dot shares its gather.
+    less split than its own sharding is computed whole, then reduced or sliced. Per `backend`
+    (XLA:CPU's by default): with its windowed-einsum thresholds (XLA:TPU's, per group size), a dot the
+    partitioner makes a windowed einsum holds the loop's shards instead (`windowed_einsum`), unless
+    another dot shares its gather; where its all-reduce writes over the partial sums, a reduced result
+    holds no second buffer; where it is XLA:CPU, a body's gathers are held until its last reduction.
     """
+    backend = backend if backend is not None else target_backend("cpu")
     out: dict[str, list[Span]] = {}
     for name in computations:
         comp = module.computation(name)
@@ -93,7 +102,7 @@ def communication_buffers(
         invariant = _from_parameter_only(comp) if early else set()
         gathers: dict[tuple[str, int], Span] = {}
         spans: list[Span] = []
-        dots = _partitioned_dots(comp, result, windowed_einsum_thresholds or {})
+        dots = _partitioned_dots(comp, result, backend.windowed_einsum_thresholds)
         # How many dots read each gathered operand: a gather two dots share is not windowed.
         sharing: dict[tuple[str, int], int] = {}
         for _, inst, plan, _ in dots:
@@ -117,15 +126,18 @@ def communication_buffers(
                     gathers[key] = Span(start, pos, need, inst.name, "gathered", shape, operand.name)
             if plan.result_bytes > per_device_bytes(shape, output):
                 spans.append(Span(pos, pos, plan.result_bytes, inst.name, "result before reduction", shape))
-                if plan.partial:
+                if plan.partial and not backend.all_reduces_in_place:
                     # Partial sums: the all-reduce writes a second buffer before the result is sliced.
                     spans.append(Span(pos, pos, plan.result_bytes, inst.name, "all-reduced result", shape))
             elif plan.partial:
                 # Partial sums the all-reduce turns into the result: the dot writes them first.
                 spans.append(Span(pos, pos, plan.result_bytes, inst.name, "partial sums", shape))
-        if early and spans:
-            # The layer's weight-gradient partial sums are interleaved with its gathered weights: a
+        if early and spans and backend.schedules_for_memory:
+            # XLA:CPU interleaves the layer's weight-gradient partial sums with its gathered weights: a
             # weight's gather stays live until the last partial sum of the body has been reduced.
+            # XLA:TPU frees a gather after its last dot, and the partial sums reuse its allocation
+            # (Llama 3.1 405B: the gathered MLP weight and a weight gradient's partial sums and
+            # all-reduce share one 1,664 MiB allocation).
             last = max((span.end for span in spans if span.kind != "windowed einsum"), default=0)
             gathers = {k: replace(g, end=max(g.end, last)) if k[0] in invariant else g for k, g in gathers.items()}
         if gathers or spans:

@@ -31,12 +31,26 @@ _UPDATE_VIEWS = _LAYOUT_OPS | {"broadcast", "convert"}
 
 
 def read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
-    """Whether every read of a loop-carried buffer, through views, is a default-precision dot's operand.
+    """Whether every read of a loop-carried buffer, through views, is a default-precision dot's operand
+    or a conversion to a half float (JAX's mixed precision: f32 weights cast to bf16 for the dots).
 
     The buffer's members are its values in each loop (body parameters' elements and their reads);
     writes into it (dynamic-update-slice of the buffer itself) and passing it along do not read it.
     """
-    reads = 0
+    reads = _loop_reads(module, members)
+    return reads is not None and sum(reads) > 0
+
+
+def read_at_half_precision(module: HloModule, members: list[Value]) -> bool:
+    """`read_only_by_dots`, with at least one read an explicit conversion to a half float."""
+    reads = _loop_reads(module, members)
+    return reads is not None and reads[1] > 0
+
+
+def _loop_reads(module: HloModule, members: list[Value]) -> tuple[int, int] | None:
+    """(default-precision dot reads, conversions to a half float) of a carried buffer in its loops, seen
+    through views; None if anything else reads it."""
+    dots = conversions = 0
     for comp_name, name, _ in members:
         comp = module.computation(comp_name)
         inst = comp[name]
@@ -54,10 +68,17 @@ def read_only_by_dots(module: HloModule, members: list[Value]) -> bool:
                 if user.opcode in _DOT_VIEWS or is_sharding_annotation(user):
                     stack.append(user_name)
                 elif user.opcode == "dot" and not _explicit_precision(user):
-                    reads += 1
+                    dots += 1
+                elif _to_half_float(user):
+                    conversions += 1
                 else:
-                    return False
-    return reads > 0
+                    return None
+    return dots, conversions
+
+
+def _to_half_float(inst: Instruction) -> bool:
+    shape = inst.shape
+    return inst.opcode == "convert" and isinstance(shape, ArrayShape) and shape.element_type in ("bf16", "f16")
 
 
 def updating_dot(module: HloModule, members: list[Value]) -> tuple[str, str] | None:

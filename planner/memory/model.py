@@ -28,7 +28,13 @@ from planner.memory.buffers import (
     sharding_of,
 )
 from planner.memory.communication import communication_buffers
-from planner.memory.conversions import hoisted_conversions, read_only_by_dots, updating_dot, widened_bytes
+from planner.memory.conversions import (
+    hoisted_conversions,
+    read_at_half_precision,
+    read_only_by_dots,
+    updating_dot,
+    widened_bytes,
+)
 from planner.memory.schedule import list_schedule, with_schedule
 from planner.memory.values import ValueModel, aliased_outputs, read_ends, reads_leaf
 from planner.mesh import Mesh
@@ -186,8 +192,22 @@ def _estimate_in_order(
             # Local to a While body: counted in that body's own peak.
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
+        loops = sorted({positions[model.loop_of[v]] for v in members if model.loop_of.get(v) in positions})
+        if (
+            category == "parameter"
+            and backend.narrows_f32_dot_operands
+            and shape.element_type == "f32"
+            and loops
+            and read_at_half_precision(module, members)
+        ):
+            # An f32 parameter the loops read only at half precision (a scan's stacked master weights):
+            # XLA:TPU converts it once before the first loop and the loops carry the bf16 copy (Mistral
+            # 7B from MaxText: one bf16 copy per stacked MLP weight, half its size, live from the forward
+            # loop to the end of the backward loop).
+            buffers.append(Buffer(len(buffers), size // 2, f"{label} at half precision", entry.name, shape,
+                                  sharding, "temporary", device, loops[0], loops[-1]))  # fmt: skip
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
-    communication = communication_buffers(module, result, model.walk_order(), backend.windowed_einsum_thresholds)
+    communication = communication_buffers(module, result, model.walk_order(), backend)
     reduced = {(comp, span.dot) for comp, spans in communication.items() for span in spans
                if span.kind == "all-reduced result"}  # fmt: skip
     for dot, size, label, shape, sharding, at in accumulators:

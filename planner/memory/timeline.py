@@ -118,7 +118,7 @@ def _body_live(
 
     The model's body peak (`_local_peak`) is the largest of these.
     """
-    communication = communication_buffers(module, result, _reachable(module), backend.windowed_einsum_thresholds)
+    communication = communication_buffers(module, result, _reachable(module), backend)
     names = {b.computation for b in estimate.buffers if b.start < 0} | (set(communication) - {module.entry_name})
     out = {}
     for name in names:

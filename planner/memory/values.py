@@ -205,6 +205,13 @@ class ValueModel:
             self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
             if (comp.name, operands[0].name) in self.fused:
                 self.fused.add((comp.name, inst.name))  # a view of a value computed in its consumers
+        elif op == "transpose" and self._transposes_a_parameter(comp, inst):
+            # Layout assignment gives a transpose the layout that makes it a bitcast of its operand
+            # (`ChooseOutputLayoutFromOperandLayout`), and an entry parameter's layout is fixed: the
+            # transposed value is the parameter's own buffer, physically unmoved. MaxText's stacked
+            # weights (`param_scan_axis=1`) reach the scan this way; XLA:TPU's buffer assignment gives
+            # them no allocation beside the parameter's.
+            self.uf.union(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
         elif op == "parameter":
             loop = self.body_of.get(comp.name)
             if loop is None:
@@ -229,6 +236,16 @@ class ValueModel:
                 self.allocating.add(self.value(comp.name, inst.name, i))
         elif op in FUSIBLE and self.accelerator:
             self.fused.add((comp.name, inst.name))
+
+    def _transposes_a_parameter(self, comp: Computation, inst: Instruction) -> bool:
+        """An accelerator's transpose of an entry parameter, held at the parameter's size per device."""
+        if not self.accelerator or comp.name != self.module.entry_name:
+            return False
+        operand = comp[inst.operands[0]]
+        return (
+            operand.opcode == "parameter"
+            and self.size.get(self.value(comp.name, operand.name, 0)) == self.size[self.value(comp.name, inst.name, 0)]
+        )
 
     def _view(self, source: Value, view: Value) -> None:
         """A view shares its source's buffer, unless the sharding changes: then it is a resharded copy."""

@@ -46,6 +46,7 @@ from planner.errors import UnfaithfulConversion
 PARTITIONERS = ("gspmd", "shardy")
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)", re.MULTILINE)
+_COLOURED_ALLOCATION = re.compile(r"^allocation \d+: size (\d+),(?: color (\d+),)?", re.MULTILINE)
 
 
 def partitioned_whiles(text: str) -> list[dict[str, str]]:
@@ -56,6 +57,15 @@ def partitioned_whiles(text: str) -> list[dict[str, str]]:
 def allocated_bytes(buffer_assignment: str) -> int:
     """The sum of all allocations of an XLA buffer-assignment dump: how the corpus records torch_xla's bytes."""
     return sum(int(m.group(1)) for m in _ALLOCATION.finditer(buffer_assignment))
+
+
+def hbm_allocated_bytes(buffer_assignment: str) -> int | None:
+    """What an XLA:TPU buffer-assignment dump allocates in HBM, the default memory space (color 0): the
+    parameters' allocations beside the temporaries' heap, without the on-chip VMEM (color 1). It is the total
+    XLA:TPU checks against the chip (its out-of-memory error quotes it) and its memory-usage report's for
+    that space; the compiled statistics' temp size adds VMEM and bytes no allocation accounts for."""
+    sizes = [int(size) for size, color in _COLOURED_ALLOCATION.findall(buffer_assignment) if color in ("", "0")]
+    return sum(sizes) if sizes else None
 
 
 @dataclass(frozen=True)
@@ -266,12 +276,20 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
     if partitioned:
         with open(partitioned[-1]) as f:
             whiles = partitioned_whiles(f.read())
-    # XLA:CPU dumps its buffer assignment; the largest one is the step's (the others move inputs).
-    assignments = glob.glob(os.path.join(dump, "*cpu_after_optimizations-buffer-assignment.txt"))
-    allocated = None
-    if assignments and topology is None:
+    # Each compiler dumps its buffer assignment; the largest one is the step's (the others move inputs).
+    # XLA:CPU's holds what the corpus records of torch_xla; XLA:TPU's, the HBM the step holds per chip.
+    pattern = (
+        "*after_optimizations-buffer-assignment.txt" if topology else "*cpu_after_optimizations-buffer-assignment.txt"
+    )
+    assignments = glob.glob(os.path.join(dump, pattern))
+    allocated = hbm = None
+    if assignments:
         with open(max(assignments, key=os.path.getsize)) as f:
-            allocated = allocated_bytes(f.read())
+            text = f.read()
+        if topology:
+            hbm = hbm_allocated_bytes(text)
+        else:
+            allocated = allocated_bytes(text)
     return {
         "xla": f"jaxlib {jaxlib.__version__} " + (
             f"(XLA:TPU, libtpu {_libtpu_version()}, {named} ahead of time for {topology})"
@@ -280,12 +298,14 @@ def _compile_report(request: dict[str, Any], dump: str) -> dict[str, Any]:
         "partitioner": partitioner,
         "stablehlo": stablehlo.conversion,
         "conversion": dict(stablehlo.summary),
-        "total_bytes": memory_total(executable),
+        # XLA:TPU's HBM where its buffer assignment says it, else the statistics' argument + output + temp - alias.
+        "total_bytes": hbm if hbm is not None else memory_total(executable),
         "argument_bytes": int(stats.argument_size_in_bytes),
         "output_bytes": int(stats.output_size_in_bytes),
         "temp_bytes": int(stats.temp_size_in_bytes),
         "alias_bytes": int(stats.alias_size_in_bytes),
         "allocated_bytes": allocated,
+        "hbm_bytes": hbm,
         "while_shapes": whiles,
         "output_shardings": output_shardings,
         "seconds": round(seconds, 3),
