@@ -56,7 +56,7 @@ def summary(record_path: Path, seconds: float) -> str:
     line = f"{record['name']}: XLA:CPU {total / 2**20:,.1f} MiB per device, Whiles {_arities(whiles)}"
     if tpu := record.get("tpu"):
         line += (
-            f"; XLA:TPU {tpu['memory']['total_bytes'] / 2**20:,.1f} MiB, Whiles "
+            f"; XLA:TPU {tpu.get('hbm_bytes', tpu['memory']['total_bytes']) / 2**20:,.1f} MiB, Whiles "
             f"{_arities(tpu.get('post_partition_while_shapes', []))}, compile {tpu['compile_seconds']:.1f} s"
         )
     return (

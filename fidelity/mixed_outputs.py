@@ -36,7 +36,8 @@ NAME = "jax_llama_lm_take_V4096_adamw_mixed_outputs_gspmd_fsdp4_tp2_L4_D512"
 CASE = Case(NAME, "jax", "gspmd", None, ModelSize(4, 512, 1408, 8, 2, 64, 8, 256, vocab_size=4096),
             MeshSpec((4, 2)), "llama", True, "v6e", step="lm", cross_entropy="take_along_axis",
             optimizer="adamw")  # fmt: skip
-_SOURCES = ("fidelity/mixed_outputs.py", "fidelity/steps.py", "fidelity/models.py")
+_SOURCES = ("fidelity/mixed_outputs.py", "fidelity/steps.py", "fidelity/models.py", "fidelity/memory_stats.py",
+            "planner/plan/xla_compile.py")  # fmt: skip
 
 
 def reference_dir() -> Path:
@@ -131,14 +132,11 @@ def run(out: Path) -> None:
     step, args, options = _step(tpu_mesh)
     tpu = jax.jit(step, **options).lower(*args).compile()
     # XLA:TPU's HBM per chip: its buffer assignment of the step (XLA:CPU's are named `*cpu_after_optimizations*`).
-    assignment = max(
-        (
-            p
-            for p in dumps.glob("module_*.jit_step.*after_optimizations-buffer-assignment.txt")
-            if "cpu_after" not in p.name
-        ),
-        key=lambda p: p.stat().st_size,
-    )
+    dumped = dumps.glob("module_*.jit_step.*after_optimizations-buffer-assignment.txt")
+    assignments = [p for p in dumped if "cpu_after" not in p.name]
+    if not assignments:
+        raise FileNotFoundError(f"XLA:TPU dumped no buffer assignment of jit_step in {dumps}")
+    assignment = max(assignments, key=lambda p: p.stat().st_size)
     record["tpu"] = {"topology": CASE.tpu_topology, "total_bytes": _memory(tpu),
                      "hbm_bytes": hbm_bytes(assignment.read_text()),
                      "output_shardings": _hlo_shardings(tpu, shapes)}  # fmt: skip

@@ -110,7 +110,8 @@ def compiled(
     conversion: str | None = None,
     partitioner: str = "gspmd",
 ) -> Compiled:
-    """jaxlib's bytes per chip for one module (argument + output + temp - alias) and its output shardings,
+    """jaxlib's bytes per chip for one module (XLA:CPU's argument + output + temp - alias, XLA:TPU's HBM from
+    its buffer assignment) and its output shardings,
     cached by content: XLA:TPU ahead of time for `topology`, XLA:CPU on `num_devices` virtual devices
     without one; `conversion` as in `compile_with_xla`; `partitioner` the one the module names, which its
     user's compile runs."""

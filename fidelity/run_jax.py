@@ -151,6 +151,7 @@ def _notes(case: Case, args: tuple[Any, ...]) -> str:
     tpu = (
         f"tpu = the same step lowered on a mesh of libtpu's {case.tpu_topology} topology devices and compiled "
         "ahead of time by XLA:TPU (no TPU attached): memory = compiled.memory_analysis() per device, "
+        "hbm_bytes = its buffer assignment's allocations in memory space 0 (HBM per chip), "
         "instruction_shardings (XLA:TPU's names) after its last propagation pass, post_partition_while_shapes "
         "after tpu-spmd-partitioning, output_shardings of the compiled executable, pre_propagation_module the "
         "module entering its first propagation pass"

@@ -87,7 +87,8 @@ def compiler_bytes(record: dict[str, object], backend: str) -> int:
         memory = record.get("memory")
         return int(memory["total_bytes"]) if memory else int(record["xla_per_device_total_bytes"])  # type: ignore[index,call-overload]
     tpu = record["tpu"]
-    return int(tpu.get("hbm_bytes", tpu["memory"]["total_bytes"]))  # type: ignore[union-attr,index,attr-defined]
+    hbm = tpu.get("hbm_bytes")  # type: ignore[attr-defined]
+    return int(hbm if hbm is not None else tpu["memory"]["total_bytes"])  # type: ignore[index]
 
 
 def predict(case: Case, check_placements: bool = False) -> list[Row]:
@@ -394,7 +395,7 @@ def mixed_outputs_line() -> str:
         f"- Mixed pinned and free outputs ({mixed_outputs.NAME}: AdamW returning params and state pinned and "
         f"donated, gradients free): `plan --verify` compiles it with a propagation flag per output; "
         f"{'; '.join(cells)}. JAX's own compile of the step: XLA:CPU {_mib(record['cpu']['total_bytes'])}, "
-        f"XLA:TPU {_mib(record['tpu']['total_bytes'])} MiB per chip."
+        f"XLA:TPU {_mib(record['tpu']['hbm_bytes'])} MiB of HBM per chip."
     )
 
 

@@ -39,7 +39,10 @@ def records() -> dict[str, dict[str, Any]]:
 
 
 def _total(record: dict[str, Any], compiler: str) -> int:
-    return int((record["memory"] if compiler == "cpu" else record["tpu"]["memory"])["total_bytes"])
+    """The compiler's bytes per chip, as the sweep and `--verify` measure them (XLA:TPU: its HBM)."""
+    from fidelity.sweep import compiler_bytes
+
+    return compiler_bytes(record, compiler)
 
 
 def _plan(case: Case, backend: str) -> tuple[Any, Any, Any]:

@@ -88,7 +88,7 @@ def communication_buffers(
     (XLA:CPU's by default): with its windowed-einsum thresholds (XLA:TPU's, per group size), a dot the
     partitioner makes a windowed einsum holds the loop's shards instead (`windowed_einsum`), unless
     another dot shares its gather; where its all-reduce writes over the partial sums, a reduced result
-    holds no second buffer; where it is XLA:CPU, a body's gathers are held until its last reduction.
+    holds no second buffer; except on XLA:TPU, a body's gathers are held until its last reduction.
     """
     backend = backend if backend is not None else target_backend("cpu")
     out: dict[str, list[Span]] = {}
@@ -132,9 +132,10 @@ def communication_buffers(
             elif plan.partial:
                 # Partial sums the all-reduce turns into the result: the dot writes them first.
                 spans.append(Span(pos, pos, plan.result_bytes, inst.name, "partial sums", shape))
-        if early and spans and backend.schedules_for_memory:
+        if early and spans and backend.compiler != "tpu":
             # XLA:CPU interleaves the layer's weight-gradient partial sums with its gathered weights: a
-            # weight's gather stays live until the last partial sum of the body has been reduced.
+            # weight's gather stays live until the last partial sum of the body has been reduced (XLA:GPU's
+            # steps are prepared and sized as XLA:CPU's).
             # XLA:TPU frees a gather after its last dot, and the partial sums reuse its allocation
             # (Llama 3.1 405B: the gathered MLP weight and a weight gradient's partial sums and
             # all-reduce share one 1,664 MiB allocation).

@@ -2,7 +2,7 @@
 
 See `backends`: XLA:CPU computes bf16/f16 in f32 (temporaries, whole loop-invariant elements a body
 slices converted and hoisted, stacked dot results accumulated in f32); XLA:TPU reads default-precision f32 dot
-operands as bf16 (a residual only dots read is stored as bf16).
+operands as bf16 (a residual only dots read, or only conversions to a half float, is stored as bf16).
 """
 
 from __future__ import annotations
