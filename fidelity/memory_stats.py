@@ -1,5 +1,5 @@
 """A compiled step's memory as the references record them: XLA's statistics, bytes per device, and for
-XLA:TPU the HBM its buffer assignment holds (`hbm_bytes`).
+XLA:TPU the HBM its buffer assignment holds (`hbm_bytes`, read by `planner.plan.xla_compile.hbm_allocated_bytes`).
 
 XLA:TPU's statistics are not its HBM: `temp_size` adds the on-chip VMEM (memory space 1) and bytes no
 allocation of the buffer assignment accounts for (0.1 to 2.9 GiB on MaxText's steps). The allocations
@@ -36,13 +36,6 @@ def memory_record(stats: Any) -> dict[str, int]:
 
 
 _REPORT_HBM_TOTAL = re.compile(r"^Memory Space: default \(color=0\)\s*\nTotal bytes: (\d+)", re.MULTILINE)
-
-
-def hbm_bytes(buffer_assignment: str) -> int | None:
-    """HBM per chip from XLA:TPU's buffer-assignment dump: its allocations in the default memory space."""
-    from planner.plan.xla_compile import hbm_allocated_bytes
-
-    return hbm_allocated_bytes(buffer_assignment)
 
 
 def report_hbm_bytes(report: str) -> int | None:

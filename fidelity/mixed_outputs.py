@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.cases import Case, MeshSpec, ModelSize
-from fidelity.memory_stats import hbm_bytes
 from fidelity.record import runner_environment
 from fidelity.references import PROJECT_ROOT, cache_dir
 
@@ -131,6 +130,8 @@ def run(out: Path) -> None:
     tpu_mesh = Mesh(np.array(topology.devices[:8]).reshape(4, 2), ("fsdp", "tp"))
     step, args, options = _step(tpu_mesh)
     tpu = jax.jit(step, **options).lower(*args).compile()
+    from planner.plan.xla_compile import hbm_allocated_bytes
+
     # XLA:TPU's HBM per chip: its buffer assignment of the step (XLA:CPU's are named `*cpu_after_optimizations*`).
     dumped = dumps.glob("module_*.jit_step.*after_optimizations-buffer-assignment.txt")
     assignments = [p for p in dumped if "cpu_after" not in p.name]
@@ -138,7 +139,7 @@ def run(out: Path) -> None:
         raise FileNotFoundError(f"XLA:TPU dumped no buffer assignment of jit_step in {dumps}")
     assignment = max(assignments, key=lambda p: p.stat().st_size)
     record["tpu"] = {"topology": CASE.tpu_topology, "total_bytes": _memory(tpu),
-                     "hbm_bytes": hbm_bytes(assignment.read_text()),
+                     "hbm_bytes": hbm_allocated_bytes(assignment.read_text()),
                      "output_shardings": _hlo_shardings(tpu, shapes)}  # fmt: skip
     (out / f"{NAME}.xla.json").write_text(json.dumps(record, indent=1))
 

@@ -30,7 +30,7 @@ from fidelity.dumps import (
     xla_flags,
 )
 from fidelity.hlo_text import instruction_shardings, read_module, source_names
-from fidelity.memory_stats import hbm_bytes, memory_record
+from fidelity.memory_stats import memory_record
 from fidelity.record import (
     RunOptions,
     count_opcode,
@@ -258,7 +258,9 @@ def _tpu(
         pre_propagation = case.name + TPU_PRE_PROPAGATION_SUFFIX
         (out_dir / pre_propagation).write_text(module.before_propagation.read_text())
     outputs = _output_shardings(case, compiled.output_shardings, jax.eval_shape(train_step(case, mesh), *args))
-    hbm = hbm_bytes(module.buffer_assignment.read_text())
+    from planner.plan.xla_compile import hbm_allocated_bytes
+
+    hbm = hbm_allocated_bytes(module.buffer_assignment.read_text())
     return {
         "topology": case.tpu_topology,
         "device_kind": str(getattr(devices[0], "device_kind", "")),

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.dumps import DUMP_PASS_RE, largest_module, while_shapes
-from fidelity.memory_stats import hbm_bytes, memory_record
+from fidelity.memory_stats import memory_record
 
 
 def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[str]) -> list[str]:
@@ -152,7 +152,9 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     if report:
         shutil.copy(report[-1], out_dir / f"{name}.memory-usage-report.txt")
     assignment = _same_module(dump_dir, module.prefix, "*after_optimizations-buffer-assignment.txt")
-    hbm = hbm_bytes(assignment[-1].read_text()) if assignment else None
+    from planner.plan.xla_compile import hbm_allocated_bytes
+
+    hbm = hbm_allocated_bytes(assignment[-1].read_text()) if assignment else None
     partitioned = _same_module(dump_dir, module.prefix, "*after_tpu-spmd-partitioning*.txt")
     if not partitioned:
         raise FileNotFoundError(f"no dump after tpu-spmd-partitioning of {module.prefix} in {dump_dir}")

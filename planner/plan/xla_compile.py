@@ -45,8 +45,8 @@ from planner.errors import UnfaithfulConversion
 
 PARTITIONERS = ("gspmd", "shardy")
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
-_ALLOCATION = re.compile(r"^allocation \d+: size (\d+)", re.MULTILINE)
-_COLOURED_ALLOCATION = re.compile(r"^allocation \d+: size (\d+),(?: color (\d+),)?", re.MULTILINE)
+# An allocation's size, and its memory space where that is not the default (XLA prints `color N` only then).
+_ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(?:, color (\d+))?", re.MULTILINE)
 
 
 def partitioned_whiles(text: str) -> list[dict[str, str]]:
@@ -56,7 +56,7 @@ def partitioned_whiles(text: str) -> list[dict[str, str]]:
 
 def allocated_bytes(buffer_assignment: str) -> int:
     """The sum of all allocations of an XLA buffer-assignment dump: how the corpus records torch_xla's bytes."""
-    return sum(int(m.group(1)) for m in _ALLOCATION.finditer(buffer_assignment))
+    return sum(int(size) for size, _ in _ALLOCATION.findall(buffer_assignment))
 
 
 def hbm_allocated_bytes(buffer_assignment: str) -> int | None:
@@ -64,7 +64,7 @@ def hbm_allocated_bytes(buffer_assignment: str) -> int | None:
     parameters' allocations beside the temporaries' heap, without the on-chip VMEM (color 1). It is the total
     XLA:TPU checks against the chip (its out-of-memory error quotes it) and its memory-usage report's for
     that space; the compiled statistics' temp size adds VMEM and bytes no allocation accounts for."""
-    sizes = [int(size) for size, color in _COLOURED_ALLOCATION.findall(buffer_assignment) if color in ("", "0")]
+    sizes = [int(size) for size, color in _ALLOCATION.findall(buffer_assignment) if color in ("", "0")]
     return sum(sizes) if sizes else None
 
 
