@@ -1,6 +1,6 @@
 """MaxText's train steps against XLA:TPU: our bytes per chip from each form, XLA:TPU's, and the plan time.
 
-    .venv/bin/python bench/maxtext_steps.py [DIR]     # default: tests/fixtures/maxtext
+    .venv/bin/python bench/maxtext_steps.py [DIR] [--write]     # default: tests/fixtures/maxtext
 
 Each step is a `fidelity.run_maxtext` record (MaxText's `train_compile` for a TPU topology, ahead of time)
 with its three text forms. Prints a markdown table: per step and form, our HBM per chip for the step's
@@ -9,6 +9,10 @@ allocated, or what it needed when it refused the step), the signed error, XLA:TP
 (`planner.plan.verdict.call` with the sweep's band for the step's kind), whether our per-device While
 shapes equal XLA:TPU's, and the seconds the plan took (parse, propagation, memory) against XLA:TPU's
 compile of the step in the same record. Then the error's spread.
+
+`--write` records the signed error per partitioner as the `shardy/maxtext` and `gspmd/maxtext` kinds of
+XLA:TPU's band in `planner/data/memory_accuracy.json`: the band the verdict keeps on MaxText's steps
+(`planner.plan.verdict.band_of`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def rows(directory: Path) -> list[dict[str, object]]:
     from fidelity.sweep import propagation_agreement
     from planner import parse_hlo_file
     from planner.errors import PlannerError
+    from planner.hlo.frontend import front_end_of
     from planner.memory import CHIPS, memory_report
     from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
     from planner.prepare import prepare
@@ -44,7 +49,6 @@ def rows(directory: Path) -> list[dict[str, object]]:
         record = json.loads(record_path.read_text())
         name, chip = record["name"], str(record["topology"]).split("-")[0]
         xla, fits = reference_bytes(record)
-        band = band_of("tpu", record["partitioner"], "jax")
         for form in FORMS:
             row: dict[str, object] = {"step": name, "form": form, "partitioner": record["partitioner"],
                                       "xla_bytes": xla, "xla_call": FITS if fits else DOES_NOT_FIT,
@@ -52,6 +56,7 @@ def rows(directory: Path) -> list[dict[str, object]]:
             start = time.perf_counter()
             try:
                 prepared = prepare(parse_hlo_file(_path(directory, name, form)), chip)
+                band = band_of("tpu", record["partitioner"], front_end_of(prepared.source))
                 result = propagate(prepared)
                 report = memory_report(prepared, result=result)
                 row["ours_bytes"] = report.total_bytes
@@ -96,12 +101,33 @@ def spread(found: list[dict[str, object]]) -> str:
             f"worst {100 * errors[-1]:.1f}%")  # fmt: skip
 
 
+def write_bands(found: list[dict[str, object]], directory: Path) -> str:
+    """Record the signed errors (one form per step) as XLA:TPU's `partitioner/maxtext` bands."""
+    from fidelity.sweep import record_bands
+
+    measured: dict[str, list[float]] = {}
+    for r in found:
+        if r["form"] == FORMS[0] and "ours_bytes" in r:
+            ours, xla = int(r["ours_bytes"]), int(r["xla_bytes"])  # type: ignore[call-overload]
+            measured.setdefault(f"{r['partitioner']}/maxtext", []).append((ours - xla) / xla)
+    records = [json.loads(p.read_text()) for p in sorted(directory.glob("*.xla.json"))]
+    stacks = {f"jax {r['jax']}, libtpu {r['libtpu']}, {r['generator'].split('(')[-1].rstrip(')')}" for r in records}
+    if len(stacks) != 1:
+        raise SystemExit(f"the records come from {len(stacks)} stacks ({sorted(stacks)}); record one at a time")
+    stack = stacks.pop()
+    record_bands({"tpu": measured}, stack)
+    return f"recorded {', '.join(f'{k} ({len(v)} steps)' for k, v in sorted(measured.items()))} on {stack}"
+
+
 def main() -> int:
-    directory = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures" / "maxtext"
+    args = [a for a in sys.argv[1:] if a != "--write"]
+    directory = Path(args[0]) if args else REPO / "tests" / "fixtures" / "maxtext"
     found = rows(directory)
     print(table(found))
     print()
     print(spread(found))
+    if "--write" in sys.argv[1:]:
+        print(write_bands(found, directory))
     return 0
 
 

@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a MaxText config override (repeatable)",
     )
-    parser.add_argument("--keep-dumps", action="store_true", help="keep XLA's pass dumps in OUT/NAME.dump")
+    parser.add_argument(
+        "--keep-dumps",
+        action="store_true",
+        help="keep XLA's pass dumps in OUT/NAME.dump (read its peak with fidelity.xla_peak)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     record = run(args.name, args.out, args.model, args.topology, args.partitioner, args.layers, args.overrides,

@@ -472,28 +472,34 @@ def _recommendations(rows: list[Row], compiler: str) -> str:
 
 
 def write_accuracy(rows: list[Row]) -> None:
-    """Record each kind of step's error band, measured on the newest stack its users have.
+    """Record each kind of step's error band from this sweep's rows (`record_bands`)."""
+    measured: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        measured.setdefault(r.compiler, {}).setdefault(_kind(r.case), []).append(r.error)
+    record_bands(measured, stack_name())
+
+
+def record_bands(measured: dict[str, dict[str, list[float]]], stack: str) -> None:
+    """Record each kind of step's error band, {compiler: {kind: signed errors}}, measured on the newest stack its
+    users have.
 
     JAX and torch_xla users compile on different stacks (jax 0.12 with its libtpu; torch_xla 2.9 with the
-    jax 0.7.1 it pins), and no one sweep runs both. So each kind (`partitioner/front end`) keeps the rows of
-    the newest jax that measured it: a sweep on an older stack leaves a newer one's band where it is, and a
-    kind this sweep did not measure keeps what the file has. The compiler's overall band is taken over the
-    errors every kind kept."""
+    jax 0.7.1 it pins), and no one run measures every kind (MaxText's steps are compiled by its own runner). So
+    each kind (`partitioner/front end`) keeps the errors of the newest jax that measured it: a run on an older
+    stack leaves a newer one's band where it is, and a kind this run did not measure keeps what the file has.
+    The compiler's overall band is taken over the errors every kind kept."""
     from planner.memory.report import ACCURACY_FILE
 
     recorded = json.loads(ACCURACY_FILE.read_text()) if ACCURACY_FILE.exists() else {}
-    stack = stack_name()
     bands: dict[str, dict[str, Any]] = {}
     for compiler in ("cpu", "tpu"):
         kinds: dict[str, dict[str, Any]] = dict(recorded.get(compiler, {}).get("kinds", {}))
-        mine = [r for r in rows if r.compiler == compiler]
-        for kind in sorted({_kind(r.case) for r in mine}):
+        for kind, signed in sorted(measured.get(compiler, {}).items()):
             before = kinds.get(kind)
             if before is not None and _jax_of(before.get("stack", "")) > _jax_of(stack):
                 continue
-            measured = [r for r in mine if _kind(r.case) == kind]
-            kinds[kind] = {**_signed(measured), "stack": stack,
-                           "errors": sorted(round(abs(r.error), 4) for r in measured)}  # fmt: skip
+            kinds[kind] = {**_signed(signed), "stack": stack,
+                           "errors": sorted(round(abs(e), 4) for e in signed)}  # fmt: skip
         errors = [e for band in kinds.values() for e in band.get("errors", ())]
         if not errors:
             continue
@@ -516,10 +522,10 @@ def _kind(case: Case) -> str:
     return f"{case.partitioner}/{case.front_end}"
 
 
-def _signed(rows: list[Row]) -> dict[str, Any]:
+def _signed(errors: list[float]) -> dict[str, Any]:
     """The most the model has been under and over the compiler, signed, rounded outwards."""
-    return {"num_cases": len(rows), "under": math.floor(min(0.0, *(r.error for r in rows)) * 1e4) / 1e4,
-            "over": math.ceil(max(0.0, *(r.error for r in rows)) * 1e4) / 1e4}  # fmt: skip
+    return {"num_cases": len(errors), "under": math.floor(min(0.0, *errors) * 1e4) / 1e4,
+            "over": math.ceil(max(0.0, *errors) * 1e4) / 1e4}  # fmt: skip
 
 
 def write_section(path: Path, table: str, name: str = SECTION) -> None:

@@ -132,18 +132,19 @@ MIN_KIND_CASES = 5
 
 
 @functools.cache
-def signed_error(compiler: str, kind: str) -> tuple[str, int, float, float] | None:
-    """(kind measured, steps, most under, most over): the sweep's signed error, (ours - compiler) / compiler, on
-    this kind of step (`partitioner/front end`, e.g. `gspmd/jax`) for this compiler, or over all its steps when
-    the kind has fewer than `MIN_KIND_CASES`; None when the sweep recorded none."""
+def signed_error(compiler: str, kinds: tuple[str, ...]) -> tuple[str, int, float, float] | None:
+    """(kind measured, steps, most under, most over): the sweep's signed error, (ours - compiler) / compiler, for
+    this compiler on the first of `kinds` (`partitioner/front end`, e.g. `gspmd/jax`, most specific first) with
+    at least `MIN_KIND_CASES` steps measured, else over all its steps; None when the sweep recorded none."""
     if not ACCURACY_FILE.exists():
         return None
     bands = json.loads(ACCURACY_FILE.read_text()).get(compiler)
     if bands is None or "under" not in bands:
         return None
-    own = bands.get("kinds", {}).get(kind)
-    if own is not None and own["num_cases"] >= MIN_KIND_CASES:
-        return kind, own["num_cases"], own["under"], own["over"]
+    for kind in kinds:
+        own = bands.get("kinds", {}).get(kind)
+        if own is not None and own["num_cases"] >= MIN_KIND_CASES:
+            return kind, own["num_cases"], own["under"], own["over"]
     return "all", bands["num_cases"], bands["under"], bands["over"]
 
 

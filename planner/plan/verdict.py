@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.hlo.frontend import is_torch_xla_module
+from planner.hlo.frontend import JAX, MAXTEXT, front_end_of
 from planner.hlo.shardy_import import partitioner_of
 from planner.memory.report import signed_error
 from planner.mesh import Mesh
@@ -59,14 +59,19 @@ VERDICT_MARGIN = 0.05
 
 
 def band_for(prepared: PreparedModule) -> Band | None:
-    """The measured error of the model on steps of this kind (partitioner and front end) for the target's compiler."""
-    front_end = "torch_xla" if is_torch_xla_module(prepared.source) else "jax"
-    return band_of(prepared.compiler, partitioner_of(prepared.source), front_end)
+    """The measured error of the model on steps of this kind (partitioner and front end: torch_xla, MaxText or
+    other JAX) for the target's compiler."""
+    return band_of(prepared.compiler, partitioner_of(prepared.source), front_end_of(prepared.source))
 
 
 def band_of(compiler: str, partitioner: str, front_end: str) -> Band | None:
-    """The sweep's signed error for this compiler on `partitioner/front_end` steps, widened by `VERDICT_MARGIN`."""
-    found = signed_error(compiler, f"{partitioner}/{front_end}")
+    """The sweep's signed error for this compiler on `partitioner/front_end` steps, widened by `VERDICT_MARGIN`.
+
+    MaxText's steps are JAX steps: where too few of them were measured under a partitioner, JAX's band is used."""
+    kinds = [f"{partitioner}/{front_end}"]
+    if front_end == MAXTEXT:
+        kinds.append(f"{partitioner}/{JAX}")
+    found = signed_error(compiler, tuple(kinds))
     if found is None:
         return None
     kind, num_cases, under, over = found
