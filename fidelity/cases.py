@@ -544,7 +544,7 @@ def ci_subset() -> tuple[Case, ...]:
     Together: every family, remat mode (none, full, dots; torch_xla's min_cut), both dtypes, both
     partitioners, both backends and four TPU chips, a 3-axis mesh, pinned gradients, torch_xla's scan
     and plain loop; language-model steps tied and untied, both cross-entropy spellings, AdamW with
-    clipping and an f32 master copy, gradient accumulation.
+    clipping and an f32 master copy (and torch_xla's, with donated buffers), gradient accumulation.
     """
     meshes = {"4x2": MeshSpec((4, 2)), "2x4": MeshSpec((2, 4)), "1x8": MeshSpec((1, 8)), "8x1": MeshSpec((8, 1)),
               "3d": MeshSpec((2, 2, 2), ("data", "fsdp", "tp"))}  # fmt: skip
@@ -578,6 +578,11 @@ def ci_subset() -> tuple[Case, ...]:
     for mode, remat in (("scan", "min_cut"), ("loop", None)):
         name = "ci_" + _name("torch_xla", "llama", remat, small, "gspmd", MeshSpec((4, 2)), False, f"_{mode}")
         cases.append(Case(name, "torch_xla", "gspmd", remat, small, MeshSpec((4, 2)), chip="v6e", torch_mode=mode))
+    # torch_xla's whole step: a tied language model through scan_layers with AdamW, whose parameters and
+    # moments torch_xla donates (`buffer_donor`).
+    case = Case("", "torch_xla", "gspmd", "min_cut", replace(small, vocab_size=4096), MeshSpec((2, 4)), chip="v6e",
+                torch_mode="scan", step="lm_tied", cross_entropy="take_along_axis", optimizer="adamw")  # fmt: skip
+    cases.append(named(case, "ci_"))
     # Whole steps: a GSPMD language model, a tied one with AdamW over bf16 params (f32 master copy,
     # clipped), and gradient accumulation under Shardy.
     lm = replace(sizes["llama"], vocab_size=8192)

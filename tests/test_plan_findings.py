@@ -176,3 +176,16 @@ def test_on_a_pinned_step_every_stacked_gradient_holds_the_sharding_of_the_param
     assert gradients
     wrong = {g.key: (str(g.sharding), str(g.ideal)) for g in gradients if g.sharding != g.ideal}
     assert not wrong, wrong
+
+
+def test_a_change_set_that_costs_a_little_says_how_much() -> None:
+    """A cost below the totals' unit is said as its own amount, not as two equal totals."""
+    from planner.plan.planner import _alternative_why
+
+    before = 250_510_540  # 238.9 MiB
+    assert _alternative_why(before, before, before + 12 * 1024, 0) == (
+        "costs 12.0 KiB more per chip instead of saving memory (238.9 MiB per chip either way)"
+    )
+    assert _alternative_why(before, before, before + 100 * 2**20, 0) == (
+        "costs 100.0 MiB more per chip instead of saving memory: 238.9 MiB -> 338.9 MiB per chip"
+    )

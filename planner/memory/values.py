@@ -9,8 +9,6 @@ and, where XLA's copy insertion does not copy, to its init. A union-find holds w
 
 from __future__ import annotations
 
-import re
-
 from planner.hlo.ir import Computation, HloModule, Instruction
 from planner.hlo.loops import invariant_elements
 from planner.hlo.opcodes import ELEMENTWISE
@@ -26,6 +24,7 @@ from planner.memory.buffers import (
     per_device_bytes,
     sharding_of,
 )
+from planner.memory.donation import outputs_in_parameter_buffers
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
 
@@ -104,7 +103,7 @@ class ValueModel:
             return
         parameters = {self.uf.find(v) for v in self._entry_parameter_values()}
         # An output donated a parameter's buffer is written there instead.
-        donated = aliased_outputs(self.module)
+        donated = outputs_in_parameter_buffers(self.module, self.result)
         members: dict[Value, set[Value]] = {}
         for v in self.size:
             if v[0] == entry.name:
@@ -411,15 +410,3 @@ def _only_reader(comp: Computation, members: set[Value]) -> str | None:
                 continue
             found.add(user)
     return next(iter(found)) if len(found) == 1 else None
-
-
-_ALIAS_ENTRY = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)")
-
-
-def aliased_outputs(module: HloModule) -> set[int]:
-    """Output tuple indices that `input_output_alias={ {0}: (1, {}, may-alias) }` ties to a parameter."""
-    alias = module.attr("input_output_alias")
-    if alias is None:
-        return set()
-    text = getattr(alias, "text", str(alias))
-    return {int(m.group(1) or 0) for m in _ALIAS_ENTRY.finditer(text)}

@@ -433,7 +433,10 @@ def _mb(n: int) -> str:
 def _alternative_why(before: int, greedy: int, everything: int, noise_bytes: int) -> str:
     """Why pinning every scanned parameter, which changes shardings, is (or is not) the recommendation."""
     if everything > before:
-        return f"costs memory instead of saving it: {_mb(before)} -> {_mb(everything)} per chip"
+        more = _mb(everything - before)
+        if _mb(everything) == _mb(before):  # a difference too small to show in the totals' unit
+            return f"costs {more} more per chip instead of saving memory ({_mb(before)} per chip either way)"
+        return f"costs {more} more per chip instead of saving memory: {_mb(before)} -> {_mb(everything)} per chip"
     if everything == before:
         return f"saves nothing: {_mb(before)} per chip either way"
     if everything > greedy + noise_bytes:

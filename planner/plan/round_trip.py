@@ -15,7 +15,6 @@ donors and input/output aliases must come back too.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Hashable
 
 from planner.errors import UnfaithfulConversion
@@ -25,6 +24,7 @@ from planner.hlo.inline import inline_calls
 from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
 from planner.hlo.parser import parse_hlo
 from planner.hlo.shapes import ArrayShape
+from planner.memory.donation import buffer_donors
 
 # Ops mhlo's folders replace by their operand when the result type is the operand's.
 _IDENTITY_OPCODES = frozenset({"broadcast", "concatenate", "convert", "reshape", "transpose"})
@@ -145,22 +145,6 @@ def _refuse_sharded(inst: Instruction, what: str, rewrite: str) -> None:
         raise UnfaithfulConversion(
             f"{inst.name} is {what} with sharding {inst.sharding.to_text()}: MLIR {rewrite} and drops the annotation"
         )
-
-
-_DONOR = re.compile(r"\((\d+),\s*\{([\d,\s]*)\}\)")
-
-
-def buffer_donors(module: HloModule) -> frozenset[tuple[int, tuple[int, ...]]]:
-    """The header's `buffer_donor` set: (parameter number, shape index) pairs.
-
-    Example: `buffer_donor={ (1, {}), (2, {}) }` (torch_xla donates AdamW's moments) is {(1, ()), (2, ())}.
-    Donation lets XLA reuse a parameter's buffer for an output: on the LM AdamW steps XLA:TPU's
-    total drops by a quarter with it.
-    """
-    return frozenset(
-        (int(m.group(1)), tuple(int(i) for i in m.group(2).replace(" ", "").split(",") if i))
-        for m in _DONOR.finditer(_header_text(module, "buffer_donor") or "")
-    )
 
 
 def _header_text(module: HloModule, key: str) -> str | None:

@@ -34,7 +34,8 @@ from planner.hlo import jaxlib_api
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
 from planner.hlo.seal import seal
-from planner.plan.round_trip import buffer_donors, canonicalized_alone, check_round_trip
+from planner.memory.donation import buffer_donors
+from planner.plan.round_trip import canonicalized_alone, check_round_trip
 
 
 @dataclass(frozen=True)
