@@ -35,7 +35,6 @@ from planner.memory.conversions import (
     updating_dot,
     widened_bytes,
 )
-from planner.memory.donation import outputs_in_parameter_buffers
 from planner.memory.schedule import list_schedule, with_schedule
 from planner.memory.values import ValueModel, read_ends, reads_leaf
 from planner.mesh import Mesh
@@ -251,11 +250,10 @@ def _estimate_in_order(
     peak_buffers = sorted((b for b in temps if b.start <= peak_position <= b.end), key=lambda b: -b.size_bytes)
     # Donated parameters share their buffer with an output: those input_output_alias ties, and those XLA pairs
     # with a registered buffer donor.
-    in_parameters = outputs_in_parameter_buffers(module, result)
     alias = sum(
         per_device_bytes(leaf, s)
         for k, (leaf, s) in enumerate(zip(array_leaves(entry.root.shape), root_shardings))
-        if k in in_parameters
+        if k in model.outputs_in_parameters
     )
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
                               on_chip_bytes=on_chip, body_peak_bytes=body_peaks,
