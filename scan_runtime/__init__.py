@@ -20,10 +20,16 @@ from scan_runtime.layer_plan import LayerPlan, PlanMismatch, activate, current_p
 
 if TYPE_CHECKING:
     from scan_runtime.auto import auto_plan
+    from scan_runtime.decoder_layers import scan_decoder_layers
     from scan_runtime.scan import scan, scan_layers
 
 # The names that need torch: public name -> the module that defines it, imported when first read.
-_TORCH_SIDE = {"auto_plan": "scan_runtime.auto", "scan": "scan_runtime.scan", "scan_layers": "scan_runtime.scan"}
+_TORCH_SIDE = {
+    "auto_plan": "scan_runtime.auto",
+    "scan": "scan_runtime.scan",
+    "scan_layers": "scan_runtime.scan",
+    "scan_decoder_layers": "scan_runtime.decoder_layers",
+}
 
 __all__ = [
     "LayerPlan",
@@ -36,6 +42,7 @@ __all__ = [
     "auto_plan",
     "current_plan",
     "scan",
+    "scan_decoder_layers",
     "scan_layers",
     "use_plan",
 ]

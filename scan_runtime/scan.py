@@ -11,13 +11,13 @@ accumulator at the weight's shard.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from weakref import WeakKeyDictionary
 
 import torch
 from functorch.compile import default_partition
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 from torch_xla.distributed.spmd import mark_sharding_with_gradients
 from torch_xla.experimental import scan as xla_scan_module
 
@@ -98,8 +98,14 @@ def scan_layers(
     partition_fn: Callable[..., Any] = default_partition,
     is_layer_pure: bool = False,
     plan: LayerPlan | None = None,
+    layer_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
-    """torch_xla's `scan_layers`: run identical layers in sequence as one scan over their stacked weights."""
+    """torch_xla's `scan_layers`: run identical layers in sequence as one scan over their stacked weights.
+
+    `layer_kwargs` are passed to every layer as keyword arguments, the way a model's own loop passes
+    them (transformers' decoder layers take `position_embeddings=(cos, sin)`, `attention_mask`,
+    `position_ids`): their tensors ride in the scan's carry unchanged, everything else is passed as is.
+    """
     layers = list(layers)
     if not layers:
         return input_data
@@ -112,9 +118,43 @@ def scan_layers(
         tree_map(lambda *ts: torch.stack(ts, dim=0), *params) if params[0] else {},
         tree_map(lambda *ts: torch.stack(ts, dim=0), *buffers) if buffers[0] else {},
     )
-    one_layer = _one_layer_fn(layers[0], partition_fn, is_layer_pure)
-    final, _ = scan(one_layer, input_data, stacked, partition_fn=partition_fn, is_fn_pure=is_layer_pure, plan=plan)
+    if not layer_kwargs:
+        one_layer = _one_layer_fn(layers[0], partition_fn, is_layer_pure)
+        final, _ = scan(one_layer, input_data, stacked, partition_fn=partition_fn, is_fn_pure=is_layer_pure, plan=plan)
+        return final
+    leaves, spec = tree_flatten(dict(layer_kwargs))
+    tensors = tuple(leaf for leaf in leaves if _carried(leaf))
+    with_kwargs = _with_kwargs_fn(layers[0], leaves, spec)
+    (final, _), _ = scan(with_kwargs, (input_data, tensors), stacked, partition_fn=partition_fn,
+                         is_fn_pure=False, plan=plan)  # fmt: skip
     return final
+
+
+def _carried(leaf: Any) -> bool:
+    """Floating tensors ride in the carry (torch_xla's scan differentiates every carried value)."""
+    return isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex())
+
+
+def _with_kwargs_fn(template: torch.nn.Module, leaves: list[Any], spec: TreeSpec) -> Callable[..., Any]:
+    """`((carry, kwarg tensors), (params, buffers)) -> ((layer(carry, **kwargs), kwarg tensors), None)`.
+
+    The keyword arguments' tensors go through the loop as carried values the body returns as it got
+    them: a tensor the body closed over would be traced into it as a constant, not an input.
+    """
+    layer = copy.deepcopy(template)
+    slots = [i for i, leaf in enumerate(leaves) if _carried(leaf)]
+
+    def one_layer(carry: Any, weights: tuple[dict[str, Any], dict[str, Any]]) -> tuple[Any, None]:
+        hidden, tensors = carry
+        filled = list(leaves)
+        for slot, tensor in zip(slots, tensors):
+            filled[slot] = tensor
+        kwargs = tree_unflatten(filled, spec)
+        merged = {**weights[0], **weights[1]}
+        out = torch.func.functional_call(layer, merged, (hidden,), kwargs, strict=True)
+        return (out, tensors), None
+
+    return one_layer
 
 
 def _one_layer_fn(template: torch.nn.Module, partition_fn: Callable[..., Any], pure: bool) -> Callable[..., Any]:
