@@ -104,7 +104,9 @@ def scan_layers(
 
     `layer_kwargs` are passed to every layer as keyword arguments, the way a model's own loop passes
     them (transformers' decoder layers take `position_embeddings=(cos, sin)`, `attention_mask`,
-    `position_ids`): their tensors ride in the scan's carry unchanged, everything else is passed as is.
+    `position_ids`): their floating tensors ride in the scan's carry unchanged; the rest, integer
+    tensors included (torch_xla's scan differentiates every carried value), the body closes over. The
+    body is then made anew on each call, so `is_layer_pure` (reuse the traced body) is refused with them.
     """
     layers = list(layers)
     if not layers:
@@ -122,6 +124,8 @@ def scan_layers(
         one_layer = _one_layer_fn(layers[0], partition_fn, is_layer_pure)
         final, _ = scan(one_layer, input_data, stacked, partition_fn=partition_fn, is_fn_pure=is_layer_pure, plan=plan)
         return final
+    if is_layer_pure:
+        raise ValueError("is_layer_pure reuses one traced body, but layer_kwargs are closed over per call")
     leaves, spec = tree_flatten(dict(layer_kwargs))
     tensors = tuple(leaf for leaf in leaves if _carried(leaf))
     with_kwargs = _with_kwargs_fn(layers[0], leaves, spec)
@@ -138,8 +142,8 @@ def _carried(leaf: Any) -> bool:
 def _with_kwargs_fn(template: torch.nn.Module, leaves: list[Any], spec: TreeSpec) -> Callable[..., Any]:
     """`((carry, kwarg tensors), (params, buffers)) -> ((layer(carry, **kwargs), kwarg tensors), None)`.
 
-    The keyword arguments' tensors go through the loop as carried values the body returns as it got
-    them: a tensor the body closed over would be traced into it as a constant, not an input.
+    The keyword arguments' floating tensors go through the loop as carried values the body returns as
+    it got them, so the loop takes them as inputs; the other leaves are closed over.
     """
     layer = copy.deepcopy(template)
     slots = [i for i, leaf in enumerate(leaves) if _carried(leaf)]
