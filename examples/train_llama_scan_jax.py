@@ -18,7 +18,10 @@ import os
 import sys
 from typing import Any
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Appended, not defaulted: XLA_FLAGS may already hold other flags (importing torch_xla sets one), and
+# without the device count the host platform has a single device.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
