@@ -19,18 +19,22 @@ def auto_plan(
     model: torch.nn.Module,
     mesh: Any,
     client: PlannerClient | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> LayerPlan | None:
     """Plan the step `loss_fn(*example_args)` and make the plan active for every following scan.
 
     `loss_fn` runs the forward and returns the scalar loss; it is traced once
-    (with the backward) and not executed. `mesh` is the torch_xla Mesh the
-    model is sharded over. Returns the active plan, or None when the client is
-    not strict and the service could not be reached (training goes on plain).
+    (with the backward, and `optimizer.step()` when the optimizer is given, so
+    the plan is for the step that trains: its state and donated buffers
+    included) and not executed, and nothing it traced stays (see
+    `capture_step`). `mesh` is the torch_xla Mesh the model is sharded over.
+    Returns the active plan, or None when the client is not strict and the
+    service could not be reached (training goes on plain).
     """
     client = client or PlannerClient(mesh=mesh)
     if client.mesh is None:
         client.mesh = to_planner_mesh(mesh)
-    captured = capture_step(loss_fn, example_args, model, client.mesh)
+    captured = capture_step(loss_fn, example_args, model, client.mesh, optimizer)
     result = client.plan(captured.hlo, captured.manifest)
     if result is None:
         activate(None)
