@@ -10,6 +10,7 @@ import torch
 from planner.plan.manifest import layer_relative
 from scan_runtime.capture import capture_step
 from scan_runtime.client import PlannerClient, to_planner_mesh
+from scan_runtime.gradient_pins import pin_gradients
 from scan_runtime.layer_plan import LayerPlan, PlanMismatch, activate
 
 
@@ -47,4 +48,9 @@ def auto_plan(
         activate(None)
         raise
     activate(plan)
+    try:
+        pin_gradients(model)
+    except PlanMismatch:
+        activate(None)
+        raise
     return plan

@@ -1,9 +1,12 @@
-"""What a plan asks of the scanned body, in the framework's terms, and whether it fits the model.
+"""What a plan asks of the step, in the framework's terms, and whether it fits the model.
 
 A plan's recommended `pin-parameter` placements name a parameter inside the
 scanned layer (`mlp.down.weight`) and a partition spec over the mesh's axis
 names; inside the body each such weight slice goes through
-`mark_sharding_with_gradients`, which pins the slice and its gradient.
+`mark_sharding_with_gradients`, which pins the slice and its gradient. Its
+`pin-output` placements name a parameter of the model (`model.embed_tokens.weight`)
+whose returned gradient is to be sharded like it: `mark_sharding` on its
+`.grad` once backward has written it (`scan_runtime.gradient_pins`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class LayerPlan:
     plan: Plan | None = None
     plan_id: str | None = None
     notes: tuple[str, ...] = field(default=())
+    # The model's parameter name -> the partition spec its gradient gets where backward writes it.
+    gradient_pins: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @staticmethod
     def from_plan(plan: Plan, mesh: Any, plan_id: str | None = None) -> LayerPlan:
@@ -42,21 +47,25 @@ class LayerPlan:
             if plan.mesh != wanted:
                 raise PlanMismatch(f"the plan is for mesh {plan.mesh}, the model runs on {wanted}")
         pins: dict[str, tuple[Any, ...]] = {}
+        gradient_pins: dict[str, tuple[Any, ...]] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         notes = []
         for p in plan.placements:
             if not p.recommended:
                 continue
-            if p.kind == "pin-parameter":
+            if p.kind in ("pin-parameter", "pin-output"):
                 if p.torch is None:
                     raise PlanMismatch(f"placement {p.id} has no parameter name (the plan was made without a "
-                                       "manifest), so it cannot be applied in the scanned body")  # fmt: skip
+                                       "manifest), so it cannot be applied")  # fmt: skip
                 spec = tuple(tuple(a) if isinstance(a, list) else a for a in p.torch.partition_spec)
                 unknown = [a for dim in spec for a in (dim if isinstance(dim, tuple) else (dim,)) if a is not None
                            and a not in names]  # fmt: skip
                 if unknown:
                     raise PlanMismatch(f"placement {p.id} shards {p.torch.parameter} over {unknown}, "
                                        f"not axes of the mesh {names}")  # fmt: skip
+                if p.kind == "pin-output":
+                    gradient_pins[p.torch.parameter] = spec
+                    continue
                 pins[p.torch.parameter] = spec
                 if p.torch.shape:
                     shapes[p.torch.parameter] = tuple(p.torch.shape)
@@ -64,7 +73,7 @@ class LayerPlan:
                 # torch_xla gives every same-shaped pair in scan's backward one shard_as group id and
                 # offers no handle to renumber them; the plan's pins are applied, the split is not.
                 notes.append(f"{p.id}: {p.summary} has no torch_xla equivalent; not applied")
-        return LayerPlan(pins, mesh, shapes, plan, plan_id, tuple(notes))
+        return LayerPlan(pins, mesh, shapes, plan, plan_id, tuple(notes), gradient_pins)
 
     def check_parameters(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Every pinned name is a parameter of the layer, and its spec has the parameter's rank."""

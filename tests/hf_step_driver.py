@@ -43,6 +43,8 @@ from scan_runtime.client import to_planner_mesh
 DUMP = Path(os.environ["XLA_FLAGS"].split()[0].removeprefix("--xla_dump_to="))
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
          "num_hidden_layers": 4, "vocab_size": 1024, "attn_implementation": "eager"}  # fmt: skip
+# HF_STEP_SIZES='{"hidden_size": 512, ...}' overrides some (a larger step than the test's).
+SIZES |= json.loads(os.environ.get("HF_STEP_SIZES", "{}"))
 # Column-parallel weights (out x in): out over tensor, in over fsdp; the rest the other way round.
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head")
 

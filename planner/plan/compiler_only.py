@@ -84,7 +84,7 @@ def _findings(
     accumulated = accumulated_gradients(module, result, gradients)
     found = buffer_findings(module, result, _num_devices(prepared), threshold, min_bytes, gradients=gradients,
                             accumulated=accumulated)  # fmt: skip
-    found += output_findings(module, output_gradients(prepared, result), threshold, min_bytes)
+    found += output_findings(module, output_gradients(prepared, result, manifest), threshold, min_bytes)
     return Counter(_identity(module, prepared, f) for f in found)
 
 

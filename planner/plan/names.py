@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -123,9 +123,14 @@ class NameTable:
     elements: Mapping[tuple[str, int], str]  # (While, carried index) -> name
     body_values: Mapping[str, str]  # a body instruction -> the name of the element it reads or writes
     op_names: Mapping[str, str]  # instruction -> its shortened op_name
+    # entry output position -> the parameter a manifest says it is the gradient of
+    gradient_outputs: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def parameter(self, number: int) -> str | None:
         return self.parameters.get(number)
+
+    def gradient_output(self, position: int) -> str | None:
+        return self.gradient_outputs.get(position)
 
     def element(self, loop: str, index: int) -> str | None:
         return self.elements.get((loop, index))
@@ -193,11 +198,13 @@ def name_table(
     for inst in entry.parameters:
         if (inst.parameter_number or 0) in parameters:
             op_names[inst.name] = parameters[inst.parameter_number or 0]
+    outputs = {i: name for i, name in enumerate(manifest.outputs) if name} if manifest is not None else {}
     return NameTable(
         MappingProxyType(parameters),
         MappingProxyType(elements),
         MappingProxyType(body_values),
         MappingProxyType(op_names),
+        MappingProxyType(outputs),
     )
 
 

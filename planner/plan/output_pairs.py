@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
+from planner.plan.manifest import Manifest
 from planner.plan.names import short_op_name
 from planner.plan.output_parameters import outputs_and_parameters
 from planner.prepare import PreparedModule
@@ -53,10 +54,18 @@ def _from_a_loop(module: HloModule, name: str) -> bool:
     return False
 
 
-def output_gradients(prepared: PreparedModule, result: PropagationResult) -> list[OutputGradient]:
+def output_gradients(
+    prepared: PreparedModule, result: PropagationResult, manifest: Manifest | None = None
+) -> list[OutputGradient]:
+    """The returned gradients; with a manifest, only the outputs it names as gradients.
+
+    A whole training step also returns the updated parameters and optimizer state, of the parameters'
+    shapes: paired by shape they would pass for gradients, and the manifest says which are not."""
     module = prepared.module
     found: list[OutputGradient] = []
     for position, value, match in outputs_and_parameters(module):
+        if manifest is not None and (position >= len(manifest.outputs) or manifest.outputs[position] is None):
+            continue
         ideal = match.sharding
         if not prepared.options.output_allowed(position) or value == match.name or ideal is None:
             continue

@@ -60,9 +60,13 @@ class Annotation:
         return f"{self.instruction} ({self.computation}): Sharding {self.sharding}{dims}"
 
 
+PIN_PARAMETER = "pin-parameter"
+SPLIT_SHARD_GROUP = "split-shard-group"
+
+
 @dataclass(frozen=True)
 class TorchPin:
-    """The framework-level form of a pin: what to call inside the scanned layer."""
+    """The framework-level form of a pin: what to call, inside the scanned layer unless `call` says where."""
 
     parameter: str
     partition_spec: tuple[AxisSpec, ...]
@@ -104,7 +108,7 @@ def pin_parameter(
     spec = tuple(gradient.partition_spec) if gradient.partition_spec is not None else None
     return Placement(
         id=f"pin:{gradient.key}",
-        kind="pin-parameter",
+        kind=PIN_PARAMETER,
         summary=f"pin {who} and its gradient to {gradient.ideal.to_short_text()} {where}",
         fixes=(gradient.key, *(a.key for a in sums)),
         annotations=tuple(annotations),
@@ -119,17 +123,27 @@ def pin_parameter(
 PIN_OUTPUT = "pin-output"
 
 
-def pin_output(module: HloModule, gradient: OutputGradient) -> Placement:
+# torch_xla's form of a pin-output: the gradient annotated where backward has written it.
+MARK_GRADIENT = "mark_sharding on the parameter's .grad once backward has written it"
+
+
+def pin_output(
+    module: HloModule, gradient: OutputGradient, name: str | None = None, spec: tuple[AxisSpec, ...] | None = None
+) -> Placement:
     """Pin a returned gradient to its parameter's sharding just before the step returns it (JAX:
-    `with_sharding_constraint` on it, or `out_shardings`; torch_xla: `mark_sharding` on the gradient)."""
+    `with_sharding_constraint` on it, or `out_shardings`; torch_xla: `mark_sharding` on the gradient).
+
+    `name` and `spec`, the parameter's as a manifest names them, give the framework's form."""
     key = f"{module.entry_name}[{gradient.position}]"
     ideal = gradient.ideal.to_short_text()
+    label = name or gradient.label
     return Placement(
         id=f"{PIN_OUTPUT}:{gradient.position}",
         kind=PIN_OUTPUT,
-        summary=f"pin output {gradient.position}, the gradient of {gradient.label}, to {ideal} where returned",
+        summary=f"pin output {gradient.position}, the gradient of {label}, to {ideal} where returned",
         fixes=(key,),
         annotations=(Annotation(module.entry_name, gradient.value, ideal),),
+        torch_pin=TorchPin(name, spec, gradient.shape.dims, MARK_GRADIENT) if name and spec is not None else None,
     )
 
 
@@ -168,7 +182,7 @@ def split_group(module: HloModule, group: int, next_id: int) -> Placement | None
     annotations = [Annotation(home[name], name, shard_as=next_id + k) for k, pair in enumerate(pairs) for name in pair]
     return Placement(
         id=f"split:group{group}",
-        kind="split-shard-group",
+        kind=SPLIT_SHARD_GROUP,
         summary=f"split shard_as group {group} into {len(pairs)} groups, one per pair tied by one shard_as call",
         fixes=(f"shard_as group {group}",),
         annotations=tuple(annotations),

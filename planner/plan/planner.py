@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 from planner.errors import PlanningError, Unverifiable
 from planner.gc_pause import collection_paused
+from planner.hlo.frontend import TORCH_XLA, front_end_of
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.hlo.shardy_import import partitioner_of
@@ -37,7 +38,7 @@ from planner.plan.compiler_only import compiler_only
 from planner.plan.confirmation import confirmation, measured_by_target
 from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
 from planner.plan.groups import shard_group_conflicts
-from planner.plan.manifest import Manifest
+from planner.plan.manifest import AxisSpec, Manifest
 from planner.plan.model import (
     AlternativeInfo,
     AnnotationInfo,
@@ -58,6 +59,7 @@ from planner.plan.next_steps import Step, beyond_sharding
 from planner.plan.output_pairs import output_gradients
 from planner.plan.placements import (
     PIN_OUTPUT,
+    SPLIT_SHARD_GROUP,
     Placement,
     apply_placements,
     max_group_id,
@@ -168,7 +170,7 @@ def _make_plan(
     accumulated = accumulated_gradients(seen, before.result, gradients)
     findings = buffer_findings(seen, before.result, num_devices, threshold, min_bytes, gradients=gradients,
                                accumulated=accumulated)  # fmt: skip
-    returned = output_gradients(prepared, before.result)
+    returned = output_gradients(prepared, before.result, manifest)
     findings += output_findings(seen, returned, threshold, min_bytes)
     only_here = compiler_only(prepared, findings, threshold, min_bytes, manifest)
     names = name_table(seen, manifest, gradients=gradients)
@@ -181,7 +183,7 @@ def _make_plan(
     short |= {a.gradient.key for a in accumulated if a.sharding != a.ideal}
     candidates = [pins[g.key] for g in gradients if g.key in pins and g.key in short]
     flagged = {f.index for f in findings if f.kind == GRADIENT_OUTPUT}
-    candidates += [pin_output(seen, g) for g in returned if g.position in flagged]
+    candidates += [pin_output(seen, g, *_manifest_pin(manifest, g.position)) for g in returned if g.position in flagged]
     next_id = max_group_id(seen) + 1
     for conflict in conflicts:
         split = split_group(seen, conflict.group, next_id)
@@ -203,6 +205,11 @@ def _make_plan(
     if prepared.target.lends_unwritten_outputs:
         refused |= {p.id: UNCLAIMED_OUTPUT_WHY.format(prepared.target.name) for p in candidates
                     if p.kind == PIN_OUTPUT and p.id not in refused}  # fmt: skip
+    if front_end_of(module) == TORCH_XLA:
+        for p in candidates:
+            what = _no_torch_xla_handle(p)
+            if what is not None and p.id not in refused:
+                refused[p.id] = NO_TORCH_XLA_HANDLE_WHY.format(what, _mb(before.total), _mb(alone[p.id]))
     chosen, after, verdicts = _greedy(candidates, alone, refused, before, with_placements)
 
     alternatives = []
@@ -368,6 +375,30 @@ UNCLAIMED_OUTPUT_WHY = (
 )
 
 
+# A torch_xla step is changed only through what torch_xla lets its user write: a change set of other
+# placements would be a claim nobody can apply.
+NO_TORCH_XLA_HANDLE_WHY = (
+    "torch_xla offers no way to apply it ({}), so it is not recommended for a torch_xla step (alone: {} -> {})"
+)
+
+
+def _no_torch_xla_handle(p: Placement) -> str | None:
+    """Why torch_xla cannot apply `p`, or None when it can: pins are `mark_sharding_with_gradients` in the
+    scanned body and `mark_sharding` on a gradient; a shard_as group has no handle."""
+    if p.kind == SPLIT_SHARD_GROUP:
+        return "torch_xla's scan numbers the shard_as groups of its backward itself"
+    return None
+
+
+def _manifest_pin(manifest: Manifest | None, position: int) -> tuple[str | None, tuple[AxisSpec, ...] | None]:
+    """The parameter a manifest says output `position` is the gradient of, and its partition spec."""
+    if manifest is None or position >= len(manifest.outputs) or manifest.outputs[position] is None:
+        return None, None
+    name = manifest.outputs[position]
+    assert name is not None
+    return name, tuple(manifest.parameter(name).partition_spec)
+
+
 def _greedy(
     candidates: list[Placement],
     alone: dict[str, int],
@@ -514,7 +545,7 @@ def _output_finding(before: Simulation, after: Simulation, finding: Finding, inf
                     names: NameTable) -> FindingInfo:  # fmt: skip
     """A returned gradient: its entry output before and after the plan."""
     param = before.module.entry[finding.matched_parameter or ""]
-    parameter = names.parameter(param.parameter_number or 0)
+    parameter = names.gradient_output(finding.index) or names.parameter(param.parameter_number or 0)
     info.name = f"grad of {parameter}" if parameter else None
     value = before.module.entry[finding.instruction]
     if isinstance(value.shape, ArrayShape):
