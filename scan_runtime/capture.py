@@ -10,9 +10,9 @@ mesh's axis names, read back from torch_xla.
 With the optimizer, the graph is the one `torch_xla.sync()` compiles for a
 step of the loop `zero_grad(); loss.backward(); optimizer.step(); sync()`:
 its outputs are the loss, the gradients (alive until the next `zero_grad`),
-the updated parameters and optimizer state, and the buffers of the
-parameters and state it updates are donors (`buffer_donor`), as torch_xla
-donates a tensor's buffer to its own in-place update.
+the updated parameters and optimizer state and the other pending tensors the
+step keeps alive, and its `buffer_donor` entries are the buffers torch_xla
+would donate by its own rule (see `_donated`).
 
 The capture is read-only. The optimizer's update is in place, so it is traced
 on stand-ins: tensors over the same device buffers (same shardings, so the
@@ -101,33 +101,21 @@ def _whole_step(
         originals[id(stand_in[id(p)])] = kept_as_is
     shadow = _shadow_optimizer(optimizer, stand_in, originals)
     try:
-        return _traced(loss_fn, args, model, named, shadow, stand_in, originals)
+        with _reparametrize_module(model, {n: stand_in[id(p)] for n, p in model.named_parameters()}, tie_weights=True):
+            loss = _scalar(loss_fn(*args))
+        trained = [stand_in[id(p)] for _, p in named]
+        grads = torch.autograd.grad(loss, trained, allow_unused=True)
+        for t, g in zip(trained, grads):
+            t.grad = g
+        kept = [(name, p, g) for (name, p), g in zip(named, grads) if g is not None]
+        type(shadow).step(shadow)  # the class's step: a scheduler's wrapper on the instance counts real steps
+        updated = [t for t in (*stand_in.values(), *_state_tensors(shadow)) if _on_xla(t) and _changed(t)]
+        outputs = [loss, *(g for _, _, g in kept), *updated]
+        outputs += _also_live(outputs)
+        hlo = torch_xla._XLAC._get_xla_tensors_hlo(outputs)
+        return kept, _with_donors(hlo, outputs, _donated(outputs, list(originals.values()))), len(outputs)
     finally:
         _give_back(model, optimizer)
-
-
-def _traced(
-    loss_fn: Callable[..., torch.Tensor],
-    args: tuple[Any, ...],
-    model: torch.nn.Module,
-    named: list[tuple[str, torch.Tensor]],
-    shadow: torch.optim.Optimizer,
-    stand_in: dict[int, torch.Tensor],
-    originals: dict[int, torch.Tensor],
-) -> tuple[list[tuple[str, torch.Tensor, torch.Tensor]], str, int]:
-    with _reparametrize_module(model, {n: stand_in[id(p)] for n, p in model.named_parameters()}, tie_weights=True):
-        loss = _scalar(loss_fn(*args))
-    trained = [stand_in[id(p)] for _, p in named]
-    grads = torch.autograd.grad(loss, trained, allow_unused=True)
-    for t, g in zip(trained, grads):
-        t.grad = g
-    kept = [(name, p, g) for (name, p), g in zip(named, grads) if g is not None]
-    type(shadow).step(shadow)  # the class's step: a scheduler's wrapper on the instance counts real steps
-    updated = [t for t in (*stand_in.values(), *_state_tensors(shadow)) if _on_xla(t) and _changed(t)]
-    outputs = [loss, *(g for _, _, g in kept), *updated]
-    outputs += _also_live(outputs)
-    hlo = torch_xla._XLAC._get_xla_tensors_hlo(outputs)
-    return kept, _with_donors(hlo, outputs, _donated(outputs, list(originals.values()))), len(outputs)
 
 
 def _donated(outputs: list[torch.Tensor], buffers: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -243,26 +231,26 @@ def _device_data(t: torch.Tensor, what: str) -> torch.Tensor:
 _MODULE_HEADER = re.compile(r"^HloModule ([^\s,]+)", re.M)
 
 
-def _with_donors(hlo: str, outputs: list[torch.Tensor], originals: list[torch.Tensor]) -> str:
-    """`hlo` with `buffer_donor` naming the entry parameters that hold the buffers the step updates."""
+def _with_donors(hlo: str, outputs: list[torch.Tensor], donated: list[torch.Tensor]) -> str:
+    """`hlo` with `buffer_donor` naming the entry parameters that hold the `donated` buffers."""
     context = torch_xla._XLAC.lowering.LoweringContext("donors")
     context.build(outputs)
     # The lowering numbers parameters as `_get_xla_tensors_hlo` does (the same graph, the same walk); a
     # buffer the graph does not read (-1) is not a donor.
-    donors = sorted({i for i in (context.tensor_parameter_id(d) for d in originals) if i >= 0})
-    _check_parameters(hlo, originals, context)
+    numbered = [(context.tensor_parameter_id(d), d) for d in donated]
+    donors = sorted({i for i, _ in numbered if i >= 0})
+    _check_parameters(hlo, numbered)
     if not donors:
         return hlo
     listed = ", ".join(f"({i}, {{}})" for i in donors)
     return _MODULE_HEADER.sub(lambda m: f"HloModule {m.group(1)}, buffer_donor={{ {listed} }}", hlo, count=1)
 
 
-def _check_parameters(hlo: str, originals: list[torch.Tensor], context: Any) -> None:
+def _check_parameters(hlo: str, numbered: list[tuple[int, torch.Tensor]]) -> None:
     """Each donor's entry parameter has its tensor's shape: the two numberings agree."""
     entry = hlo[hlo.index("\nENTRY") :]
     shapes = {int(n): dims for dims, n in re.findall(r"= \w+\[([\d,]*)\][^\n]*? parameter\((\d+)\)", entry)}
-    for data in originals:
-        i = context.tensor_parameter_id(data)
+    for i, data in numbered:
         want = ",".join(str(n) for n in data.shape)
         if i >= 0 and shapes.get(i) != want:
             raise RuntimeError(f"entry parameter {i} is [{shapes.get(i)}], its donor tensor [{want}]: "

@@ -10,6 +10,7 @@ parameter) it does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from weakref import WeakSet
 
 import torch
@@ -38,7 +39,7 @@ def pin_gradients(model: torch.nn.Module) -> None:
             _HOOKED.add(p)
 
 
-def _pin_gradient_of(name: str):  # type: ignore[no-untyped-def]
+def _pin_gradient_of(name: str) -> Callable[[torch.Tensor], None]:
     def pin(p: torch.Tensor) -> None:
         plan = current_plan()
         if plan is None or p.grad is None:

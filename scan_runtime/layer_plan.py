@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.plan.model import Plan
+from planner.plan.placements import PIN_OUTPUT, PIN_PARAMETER
 
 
 class PlanMismatch(ValueError):
@@ -53,7 +54,7 @@ class LayerPlan:
         for p in plan.placements:
             if not p.recommended:
                 continue
-            if p.kind in ("pin-parameter", "pin-output"):
+            if p.kind in (PIN_PARAMETER, PIN_OUTPUT):
                 if p.torch is None:
                     raise PlanMismatch(f"placement {p.id} has no parameter name (the plan was made without a "
                                        "manifest), so it cannot be applied")  # fmt: skip
@@ -63,7 +64,7 @@ class LayerPlan:
                 if unknown:
                     raise PlanMismatch(f"placement {p.id} shards {p.torch.parameter} over {unknown}, "
                                        f"not axes of the mesh {names}")  # fmt: skip
-                if p.kind == "pin-output":
+                if p.kind == PIN_OUTPUT:
                     gradient_pins[p.torch.parameter] = spec
                     continue
                 pins[p.torch.parameter] = spec
