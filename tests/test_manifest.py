@@ -7,9 +7,10 @@ import json
 import pytest
 from conftest import CORPUS
 
-from planner import parse_hlo_file, parse_sharding
+from planner import parse_hlo, parse_hlo_file, parse_sharding
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest, layer_relative, spec_sharding
+from planner.plan.output_parameters import outputs_and_parameters
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
 
@@ -131,3 +132,34 @@ def test_manifest_that_does_not_fit_is_refused_with_the_mismatch() -> None:
         make_plan(prepare(module, mesh=Mesh.parse("fsdp=4,tp=2")), manifest=unknown)
     with pytest.raises(ValueError, match="a manifest needs the mesh"):
         make_plan(prepare(module), manifest=manifest)
+
+
+# An LM's embedding and head are both [vocab, hidden]; torch_xla numbers entry parameters in the order the
+# graph first reads them (the head here), and returns the gradients in the model's order (the embedding's first).
+SAME_DIMS = """HloModule same_dims
+
+ENTRY main {
+  head = f32[64,32]{1,0} parameter(0), sharding={devices=[2,4]0,2,4,6,1,3,5,7}
+  embed = f32[64,32]{1,0} parameter(1), sharding={devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}
+  loss = f32[] constant(0)
+  grad_embed = f32[64,32]{1,0} multiply(embed, embed)
+  grad_head = f32[64,32]{1,0} add(head, head)
+  ROOT out = (f32[], f32[64,32]{1,0}, f32[64,32]{1,0}) tuple(loss, grad_embed, grad_head)
+}
+"""
+
+
+def test_a_manifest_pairs_a_gradient_with_the_parameter_it_names_among_those_of_the_same_dims() -> None:
+    module = parse_hlo(SAME_DIMS)
+    by_dims = {position: p.name for position, _, p in outputs_and_parameters(module)}
+    assert by_dims == {1: "head", 2: "embed"}  # the first free parameter of the dims: a guess, wrong here
+    manifest = Manifest(
+        outputs=[None, "model.embed_tokens.weight", "lm_head.weight"],
+        parameters=[
+            {"name": "model.embed_tokens.weight", "shape": [64, 32], "partition_spec": ["fsdp", None]},
+            {"name": "lm_head.weight", "shape": [64, 32], "partition_spec": ["tensor", "fsdp"]},
+        ],
+    )
+    mesh = Mesh.parse("fsdp=4,tensor=2")
+    named = {position: p.name for position, _, p in outputs_and_parameters(module, manifest, mesh)}
+    assert named == {1: "embed", 2: "head"}

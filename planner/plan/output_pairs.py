@@ -63,7 +63,7 @@ def output_gradients(
     shapes: paired by shape they would pass for gradients, and the manifest says which are not."""
     module = prepared.module
     found: list[OutputGradient] = []
-    for position, value, match in outputs_and_parameters(module):
+    for position, value, match in outputs_and_parameters(module, manifest, prepared.mesh):
         if manifest is not None and (position >= len(manifest.outputs) or manifest.outputs[position] is None):
             continue
         ideal = match.sharding

@@ -301,7 +301,9 @@ def stacked_gradients(
 ) -> list[StackedGradient]:
     """Every backward accumulator that reaches the outputs and has a stacked parameter of its shape."""
     params = scan_parameters(module, result)
-    returned_for = {position: parameter.name for position, _, parameter in outputs_and_parameters(module)}
+    returned_for = {
+        position: parameter.name for position, _, parameter in outputs_and_parameters(module, manifest, mesh)
+    }
     gradients: list[StackedGradient] = []
     for loop, shardings in carried_loops(module, result):
         body = module.computation(loop.body)
