@@ -301,6 +301,7 @@ def _make_plan(
             withdrawn,
             band_for(prepared),
             verify_command=verify_command(mesh, chip_name, capacity_bytes),
+            framework=_limited_to(module),
         )
         if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
             # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
@@ -341,7 +342,8 @@ def _make_plan(
     if measured is not None and plan.verdict is not None:
         # The compiler the plan is for measured the step: its bytes decide the verdict, no band needed.
         pin_every_name = PIN_EVERY_PARAMETER if pin_every and withdrawn is None else None
-        plan.verdict = verdict(plan.hbm, plan.placements, pin_every_name, chip_name, withdrawn, measured=measured)
+        plan.verdict = verdict(plan.hbm, plan.placements, pin_every_name, chip_name, withdrawn, measured=measured,
+                               framework=_limited_to(module))  # fmt: skip
     return plan, patched
 
 
@@ -380,6 +382,11 @@ UNCLAIMED_OUTPUT_WHY = (
 NO_TORCH_XLA_HANDLE_WHY = (
     "torch_xla offers no way to apply it ({}), so it is not recommended for a torch_xla step (alone: {} -> {})"
 )
+
+
+def _limited_to(module: HloModule) -> str | None:
+    """The front end whose handles the placements were limited to, when they were."""
+    return TORCH_XLA if front_end_of(module) == TORCH_XLA else None
 
 
 def _no_torch_xla_handle(p: Placement) -> str | None:

@@ -113,13 +113,20 @@ def _worst(per_chip: dict[str, int]) -> tuple[str, int]:
     return chip, per_chip[chip]
 
 
-def change_set_name(placements: list[PlacementInfo], pin_every_name: str | None, withdrawn: str | None = None) -> str:
-    """What the recommended placements are, in words."""
+def change_set_name(
+    placements: list[PlacementInfo],
+    pin_every_name: str | None,
+    withdrawn: str | None = None,
+    framework: str | None = None,
+) -> str:
+    """What the recommended placements are, in words; `framework` (torch_xla) narrows "no placement" to what
+    it can apply."""
     chosen = [p for p in placements if p.recommended]
     if withdrawn is not None:
         return f"no change: the change set was withdrawn, {withdrawn}"
     if not chosen:
-        return "no change: no placement lowers HBM per chip"
+        which = f"no placement {framework} can apply" if framework else "no placement"
+        return f"no change: {which} lowers HBM per chip"
     if pin_every_name is not None:
         return f"{pin_every_name} ({len(chosen)} pins)"
     if len(chosen) == 1:
@@ -136,12 +143,14 @@ def verdict(
     band: Band | None = None,
     measured: Measured | None = None,
     verify_command: str | None = None,
+    framework: str | None = None,
 ) -> VerdictInfo:
     """The verdict from the plan's HBM numbers, or the compiler's when `measured`.
 
     `pin_every_name` names the change set when it is pin-every, `withdrawn` says why the compiler verify ran
     did not back it, `band` is the model's measured error on this kind of step (None: the point estimate
-    decides), `verify_command` what to run when the band does not decide.
+    decides), `verify_command` what to run when the band does not decide, `framework` the front end whose
+    handles the placements were limited to (torch_xla), for the words of an empty change set.
     """
     worst_before_chip, worst_before = _worst(hbm.per_chip_before)
     worst_after_chip, worst_after = _worst(hbm.per_chip_after)
@@ -149,7 +158,7 @@ def verdict(
         worst_before, worst_after, band = measured.before_bytes, measured.after_bytes, None
     capacity = hbm.capacity_bytes
     call_before, call_after = call(worst_before, capacity, band), call(worst_after, capacity, band)
-    name = change_set_name(placements, pin_every_name, withdrawn)
+    name = change_set_name(placements, pin_every_name, withdrawn, framework)
     where = f"{chip} ({format_bytes(capacity)})" if chip and capacity is not None else format_bytes(capacity or 0)
     if capacity is None:
         summary = _no_capacity(worst_before, worst_after)
@@ -185,6 +194,11 @@ def verdict(
 
 
 def _no_capacity(before: int, after: int) -> str:
+    if before == after:
+        return (
+            f"HBM per chip {format_bytes(before)}, unchanged by the plan; no capacity given "
+            "(pass --chip or --hbm for a fit verdict)"
+        )
     return (
         f"HBM per chip {format_bytes(before)} -> {format_bytes(after)} with the plan; no capacity given "
         "(pass --chip or --hbm for a fit verdict)"
