@@ -164,6 +164,29 @@ def test_torch_xla_stacked_gradient_findings_named_from_a_manifest() -> None:
             assert any(without_layer(n) == (p.names[0], 0) for n in truth["parameter_names"]), p.id
 
 
+def test_torch_xla_buffers_the_forward_keeps_for_the_backward_are_named() -> None:
+    """torch_xla's scan keeps each layer's weights (transposed, times autograd's 1.0) and activations for its
+    backward: a large buffer that holds one layer of a weight per trip is named after the weight, the rest
+    are activations; none is left nameless."""
+    plan = _torch_xla_plan(with_names=True)
+    module = _inlined(DEFAULT_DUMP)
+    kept = [f for f in plan.findings if f.kind == "large-buffer"]
+    assert kept and all(f.name is not None for f in kept)
+    table = name_table(module, parameter_names=_truth(BUNDLED_TRUTH)["parameter_names"])
+    weights = {}  # a carried element's name -> its dims
+    for loop in while_loops(module):
+        for i, element in enumerate(loop.instruction.shape.elements):
+            weights.setdefault(table.element(loop.name, i), element.dims)
+    derived = [f for f in kept if f.name.startswith("derived from ")]
+    assert derived and len(derived) < len(kept)
+    for f in derived:
+        weight = f.name.removeprefix("derived from ").removesuffix(", kept per layer for the backward")
+        # One layer of the weight, transposed: the same elements per layer as the weight's stack.
+        per_layer = [int(d) for d in re.findall(r"\d+", f.shape.split("[", 1)[1])]
+        assert math.prod(weights[weight]) == math.prod(per_layer), f.name
+    assert {f.name for f in kept} - {f.name for f in derived} == {"an activation kept per layer for the backward"}
+
+
 def test_torch_xla_stacked_gradients_named_from_the_parameter_list() -> None:
     """The plain list of `named_parameters()` names, as a client would send it, names every stacked gradient."""
     truth = _truth(BUNDLED_TRUTH)

@@ -48,6 +48,9 @@ if TYPE_CHECKING:  # placements name returned gradients through this module's na
 
 # Ops through which a value is still the same tensor (a layout or dtype away).
 _CARRIERS = frozenset("reshape bitcast copy convert transpose".split())
+_SLICES = frozenset({"slice", "dynamic-slice"})
+# Elementwise ops that, by a scalar, leave a value what it was up to scale (a weight times 1.0 from autograd).
+_SCALINGS = frozenset({"multiply", "divide", "add", "subtract"})
 # How far to follow a value through carriers, tuples and loops.
 _MAX_TRACE = 64
 # op_name components that say how the user's code was traced, not what it computes.
@@ -316,7 +319,7 @@ class _Elements:
             fed = self._source(comp, init.operands[index], index in invariant_elements(body))
             if fed is not None:
                 return fed
-        return self._written(body, index)
+        return self._written(body, index) or self._saved(loop, body, index)
 
     def _gradient(self, gradient: StackedGradient) -> str | None:
         if gradient.matched_by == "manifest" and gradient.name is not None:
@@ -367,9 +370,35 @@ class _Elements:
             inst = body[_producer(body, inst.operands[1])]
         return _located(self.module, inst)
 
+    def _saved(self, loop: WhileLoop, body: Computation, index: int) -> str | None:
+        """A stacked element the body fills one layer per iteration with what the backward reads: one of the
+        layer's own inputs (torch_xla's scan keeps each layer's weights, transposed, for its backward) or a value
+        it computes, an activation. Named only where another loop reads the stack."""
+        root = body.root
+        if root.opcode != "tuple" or index >= len(root.operands) or not body.parameters:
+            return None
+        written = body[root.operands[index]]
+        comp = self.module.computation(loop.computation)
+        if written.opcode != "dynamic-update-slice" or not _reaches_another_loop(comp, loop, index):
+            return None
+        source = body[_producer(body, written.operands[1], through_slices=True)]
+        scaled = False
+        for _ in range(_MAX_TRACE):
+            unscaled = _unscaled(body, source)
+            if unscaled is None:
+                break
+            source, scaled = body[_producer(body, unscaled, through_slices=True)], True
+        if source.opcode == "get-tuple-element" and source.operands[0] == body.parameters[0].name:
+            read = source.attr("index")
+            if read != index:
+                name = self.name(loop, read) or f"{loop.name}[{read}]"
+                return f"{'derived from ' if scaled else ''}{name}, kept per layer for the backward"
+        return "an activation kept per layer for the backward"
 
-def _producer(comp: Computation, name: str) -> str:
-    """Back through carriers and tuple plumbing to the instruction that computes the value."""
+
+def _producer(comp: Computation, name: str, through_slices: bool = False) -> str:
+    """Back through carriers and tuple plumbing (and slices, when asked) to the instruction that computes the
+    value."""
     element: int | None = None
     for _ in range(_MAX_TRACE):
         inst = comp[name]
@@ -377,11 +406,38 @@ def _producer(comp: Computation, name: str) -> str:
             name, element = inst.operands[0], inst.attr("index")
         elif inst.opcode == "tuple" and element is not None:
             name, element = inst.operands[element], None
-        elif _carries(inst, comp) and element is None:
+        elif element is None and (_carries(inst, comp) or (through_slices and inst.opcode in _SLICES)):
             name = inst.operands[0]
         else:
             return name
     return name
+
+
+def _unscaled(comp: Computation, inst: Instruction) -> str | None:
+    """The operand an elementwise op by a scalar scales (`multiply(w, broadcast(c))`), else None."""
+    if inst.opcode not in _SCALINGS or len(inst.operands) != 2:
+        return None
+    for value, scale in (inst.operands, reversed(inst.operands)):
+        by = comp[scale]
+        if by.opcode == "broadcast" and isinstance(s := comp[by.operands[0]].shape, ArrayShape) and s.rank == 0:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def _reaches_another_loop(comp: Computation, loop: WhileLoop, index: int) -> bool:
+    """Whether element `index` of the loop's result feeds another While in the same computation."""
+    frontier = [u for u in comp.users(loop.instruction.name)
+                if comp[u].opcode == "get-tuple-element" and comp[u].attr("index") == index]  # fmt: skip
+    seen = set(frontier)
+    while frontier:
+        for user in comp.users(frontier.pop()):
+            inst = comp[user]
+            if inst.opcode == "while" and user != loop.instruction.name:
+                return True
+            if user not in seen and (inst.opcode == "tuple" or _carries(inst, comp)) and len(seen) < _MAX_TRACE:
+                seen.add(user)
+                frontier.append(user)
+    return False
 
 
 def _located(module: HloModule, inst: Instruction) -> str | None:
