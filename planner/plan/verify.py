@@ -38,7 +38,7 @@ from planner.errors import PlanningError, UnfaithfulConversion
 from planner.hlo.frontend import is_torch_xla_module
 from planner.hlo.ir import HloModule
 from planner.hlo.printer import print_module
-from planner.hlo.shapes import TupleShape, parse_shape
+from planner.hlo.shapes import ArrayShape, Shape, TupleShape, parse_shape
 from planner.hlo.shardy_import import partitioner_of
 from planner.plan.model import TpuVerification, Verification
 from planner.plan.scan_pairs import StackedGradient
@@ -285,6 +285,22 @@ def verify_on_tpu(
     ), None
 
 
+def _first_misfit(partitioned: Shape, ours: Shape) -> str | None:
+    """The first carried element whose per-device shape cannot be a shard of the module's element there (another
+    rank or element type, or larger along a dim), in words; None when every element can be."""
+    for i, (theirs, mine) in enumerate(zip(partitioned.leaves(), ours.leaves())):
+        fits = (
+            isinstance(theirs, ArrayShape)
+            and isinstance(mine, ArrayShape)
+            and theirs.element_type == mine.element_type
+            and len(theirs.dims) == len(mine.dims)
+            and all(t <= m for t, m in zip(theirs.dims, mine.dims))
+        )
+        if not fits:
+            return f"{theirs.to_text(False)} per device at element {i}, where the module's is {mine.to_text(False)}"
+    return None
+
+
 def gradient_mismatches(
     xla_whiles: list[dict], module: HloModule, gradients: list[StackedGradient]
 ) -> tuple[list[str], str | None]:
@@ -311,7 +327,15 @@ def gradient_mismatches(
                 f"{len(same_arity)} ({g.loop}): the loops changed before partitioning, so gradients cannot be "
                 "matched to XLA's shapes"
             )
-        got = matches[same_arity.index(g.loop)].leaves()[g.index].dims
+        theirs = matches[same_arity.index(g.loop)]
+        misfit = _first_misfit(theirs, loop.shape)
+        if misfit is not None:
+            return [], (
+                f"XLA's partitioned loop in {g.loop}'s place carries {misfit}: its elements are not the module's "
+                "in the module's order (the loop changed before partitioning), so gradients cannot be matched to "
+                "XLA's shapes"
+            )
+        got = theirs.leaves()[g.index].dims
         want = g.ideal.shard_shape(g.shape.dims)
         if tuple(got) != tuple(want) and g.shape.bytes_for_dims(got) > g.shape.bytes_for_dims(want):
             problems.append(
