@@ -62,7 +62,9 @@ def test_jaxlib_xla_cpu_on_the_faithful_stablehlo_allocates_torch_xlas_bytes(tru
         ("buffer_donor", None),  # the header's donors come back as jax.buffer_donor arguments
         ("one_operand_concatenate", None),  # ConcatenateOp::fold: an identity like the others
         ("unit_dim_iota", None),  # IotaBroadcast: s64[1,16] iota -> s64[16] iota + reshape, expected as such
+        ("convert_to_pred", None),  # u8 and s32 to pred: a compare against zero, expected as such
         ("unit_dim_inside", "the canonicalizer turns it into a reshape"),
+        ("sharded_convert_to_pred", "p is a convert to pred with sharding {devices=[8,1]<=[8]}"),
         ("sharded_identity", "r is an identity reshape with sharding {replicated}"),
         ("sharded_concatenate", "c is an identity concatenate with sharding {replicated}"),
         ("sharded_unit_dim_iota", "i is an iota s64[1,16] with sharding {devices=[1,8]<=[8]}"),

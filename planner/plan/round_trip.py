@@ -6,7 +6,8 @@ inlined as XLA inlines them before sharding propagation, with the original, inst
 instruction (`planner.hlo.fingerprint`). The changes it accepts are the ones nothing can prevent,
 because mhlo makes them of an op alone in a computation of its own (`canonicalized_alone`): an
 identity op folds into its operand (`identity_of`), and an iota of rank 2 or more whose other dims
-are all 1 becomes a 1-D iota and a reshape (`split_iota_of`). Neither moves XLA:TPU's GSPMD (an
+are all 1 becomes a 1-D iota and a reshape (`split_iota_of`), and a convert from an integer to pred is
+exported as a compare against zero (`compare_of`). None moves XLA:TPU's GSPMD (an
 identity broadcast can move XLA:CPU's: see `identity_of`). An instruction either rewrites that
 carries a sharding is a user's annotation MLIR would drop, and is refused. The header's buffer
 donors and input/output aliases must come back too.
@@ -100,6 +101,41 @@ def split_iota_of(comp: Computation, inst: Instruction) -> tuple[Instruction, In
     return iota, reshape
 
 
+# Integer element types: a convert from one of them to pred leaves MLIR as a compare against zero.
+_INTEGER_TYPES = frozenset({"s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"})
+
+
+def compare_of(comp: Computation, inst: Instruction) -> tuple[Instruction, ...] | None:
+    """The zero constant, its broadcast and the `compare NE` the export to HLO makes of `inst`, else None.
+
+    MLIR has no conversion to i1 that HLO's `convert` spells: the export writes `convert(x)` from an
+    integer to pred as `x != 0`, XLA's own definition of that convert. Example: `%c = pred[1,1,128,128]
+    convert(u8[1,1,128,128] %m)` (transformers' sliding-window mask, built in u8 by torch_xla) comes back
+    as `%c.zero = u8[] constant(0)`, `%c.zeros = u8[1,1,128,128] broadcast(%c.zero)` and `%c = pred[...]
+    compare(%m, %c.zeros), direction=NE`; the compare keeps the name, so readers are unchanged.
+
+    Why GSPMD decides the same when the convert is unannotated: the compare is elementwise, as the convert
+    is, and its other operand is a broadcast of a scalar, which has no sharding of its own to give; the
+    sharding passes between `%m` and `%c` unchanged in both directions.
+    """
+    shape = inst.shape
+    if inst.opcode != "convert" or not isinstance(shape, ArrayShape) or shape.element_type != "pred":
+        return None
+    source = comp[inst.operands[0]].shape
+    if not isinstance(source, ArrayShape) or source.element_type not in _INTEGER_TYPES:
+        return None
+    zero, zeros = f"{inst.name}.zero", f"{inst.name}.zeros"
+    while zero in comp or zeros in comp:
+        zero, zeros = zero + "_", zeros + "_"
+    constant = Instruction(zero, "constant", ArrayShape(source.element_type, ()), (), literal="0", line=inst.line)
+    broadcast = Instruction(zeros, "broadcast", dataclasses.replace(source), (zero,),
+                            (Attribute("dimensions", (), "{}"),), line=inst.line)  # fmt: skip
+    metadata = tuple(a for a in inst.attributes if a.key == "metadata")
+    compare = Instruction(inst.name, "compare", shape, (inst.operands[0], zeros),
+                          (Attribute("direction", "NE", "NE"), *metadata), line=inst.line)  # fmt: skip
+    return constant, broadcast, compare
+
+
 @dataclasses.dataclass(frozen=True)
 class Canonicalized:
     """The module as mhlo's canonicalizer leaves each op alone, and what it changed."""
@@ -126,6 +162,11 @@ def canonicalized_alone(module: HloModule) -> Canonicalized:
                 _refuse_sharded(inst, f"an identity {inst.opcode}", "folds it away")
                 alias[inst.name] = alias.get(target, target)
                 folded.append(inst.name)
+                continue
+            compared = compare_of(comp, dataclasses.replace(inst, operands=operands))
+            if compared is not None:
+                _refuse_sharded(inst, "a convert to pred", "writes it as a compare against zero")
+                kept.extend(compared)
                 continue
             parts = split_iota_of(comp, inst)
             if parts is not None:
