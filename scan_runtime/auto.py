@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from planner.plan.manifest import layer_relative
+from planner.plan.model import Plan
+from planner.units import format_bytes
 from scan_runtime.capture import capture_step
-from scan_runtime.client import PlannerClient, to_planner_mesh
+from scan_runtime.client import PlannerClient, PlanResult, to_planner_mesh
 from scan_runtime.gradient_pins import pin_gradients
 from scan_runtime.layer_plan import LayerPlan, PlanMismatch, activate
+
+log = logging.getLogger("scan_runtime")
 
 
 def auto_plan(
@@ -40,6 +45,8 @@ def auto_plan(
     if result is None:
         activate(None)
         return None
+    for line in plan_lines(result):
+        log.info(line)
     plan = LayerPlan.from_plan(result.plan, mesh, result.plan_id)
     shapes = {layer_relative(p.name): tuple(p.shape) for p in captured.manifest.parameters}
     try:
@@ -54,3 +61,27 @@ def auto_plan(
         activate(None)
         raise
     return plan
+
+
+def plan_lines(result: PlanResult) -> list[str]:
+    """What the client logs of a plan: its id, the change set and its predicted bytes, and, when the planner
+    verified it (`PlannerClient(verify=True)`), what the compilers measured for the step without and with it."""
+    plan: Plan = result.plan
+    hbm = plan.hbm
+    change = plan.verdict.change_set_name if plan.verdict is not None else "no verdict"
+    lines = [f"plan {result.plan_id} ({result.source}): {change}; HBM per chip {format_bytes(hbm.total_before)} -> "
+             f"{format_bytes(hbm.total_after)} predicted"]  # fmt: skip
+    v = plan.verification
+    if v is not None:
+        lines.append(f"verified by {v.xla}: {format_bytes(v.before_total_bytes)} -> "
+                     f"{format_bytes(v.after_total_bytes)} per device (saves {format_bytes(v.xla_saving_bytes)}, "
+                     f"predicted {format_bytes(v.predicted_saving_bytes)})")  # fmt: skip
+        if v.tpu is not None:
+            lines.append(f"verified by {v.tpu.xla} ({v.tpu.topology}): {format_bytes(v.tpu.before_total_bytes)} -> "
+                         f"{format_bytes(v.tpu.after_total_bytes)} per chip (saves "
+                         f"{format_bytes(v.tpu.xla_saving_bytes)})")  # fmt: skip
+    elif plan.verification_skipped is not None:
+        lines.append(f"not verified: {plan.verification_skipped}")
+    if plan.withdrawn is not None:
+        lines.append(f"withdrawn: {plan.withdrawn}")
+    return lines

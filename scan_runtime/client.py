@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from api.models import MeshSpec, PlanRequest
+from api.models import MeshSpec, PlanOptions, PlanRequest
 from planner.hlo.parser import parse_hlo
 from planner.memory import chip as chip_preset
 from planner.mesh import Mesh
@@ -67,8 +67,10 @@ class PlannerClient:
         strict: bool = True,
         token: str | None = None,
         cache_dir: Path | None = None,
+        verify: bool = False,
     ) -> None:
-        """`mesh`: a torch_xla `Mesh` or the planner's; `chip` a preset name or `hbm_bytes` the capacity."""
+        """`mesh`: a torch_xla `Mesh` or the planner's; `chip` a preset name or `hbm_bytes` the capacity;
+        `verify`: the planner compiles the step without and with the change set (the plan's `verification`)."""
         if chip is not None and hbm_bytes is not None:
             raise ValueError("give chip or hbm_bytes, not both")
         self.url = url.rstrip("/") if url else None
@@ -80,6 +82,7 @@ class PlannerClient:
         self.strict = strict
         self.token = token
         self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+        self.verify = verify
 
     def plan(self, hlo: str, manifest: Manifest | None = None) -> PlanResult | None:
         """The plan for one captured step; None only when not strict and the service is unreachable."""
@@ -114,11 +117,12 @@ class PlannerClient:
             mesh = MeshSpec(shape=list(self.mesh.shape), axis_names=list(self.mesh.axis_names),
                             device_ids=list(self.mesh.device_ids))  # fmt: skip
         hbm_bytes = self.capacity_bytes if self.chip is None else None
-        return PlanRequest(hlo=hlo, mesh=mesh, chip=self.chip, hbm_bytes=hbm_bytes, manifest=manifest)
+        return PlanRequest(hlo=hlo, mesh=mesh, chip=self.chip, hbm_bytes=hbm_bytes, manifest=manifest,
+                           options=PlanOptions(verify=self.verify))  # fmt: skip
 
     def _local(self, hlo: str, manifest: Manifest | None) -> Plan:
         prepared = Preparation(self.chip or "cpu", self.mesh).apply(parse_hlo(hlo, source="captured step"))
-        plan, _ = Planning(self.capacity_bytes, manifest=manifest).apply(prepared)
+        plan, _ = Planning(self.capacity_bytes, manifest=manifest, verify=self.verify).apply(prepared)
         return plan
 
     def _remote(self, plan_request: PlanRequest, key: str) -> tuple[Plan, str]:

@@ -1,7 +1,7 @@
 """Trains transformers' Llama on torch_xla (8 virtual CPU devices) for three AdamW steps, with or without the
 client's capture of the second step before it runs, and writes what the test compares.
 
-    python tests/hf_step_driver.py plain|captured OUT_DIR [scan|loop]
+    python tests/hf_step_driver.py plain|captured|planned OUT_DIR [scan|loop]
 
 The model (hidden 256, 4 layers, GQA 8/2, vocab 1024) is sharded as torch_xla's FSDPv2 examples shard one
 (mesh fsdp=4 x tensor=2: q/k/v/gate/up and the head split over tensor on their output dim and fsdp on the
@@ -9,12 +9,15 @@ input, o/down the other way round, the embedding over fsdp, the batch over fsdp)
 through `scan_decoder_layers` (or the model's own loop), AdamW. Step 1 runs first (it creates AdamW's
 state); the dump directory is then emptied, so the largest module left is step 2's. OUT_DIR gets
 `result.json` (losses, shardings, compiles, step 2's allocations) and, for `captured`, `captured.hlo` and
-`manifest.json`; `step.hlo` is step 2's module as torch_xla compiled it.
+`manifest.json`, for `planned` (`auto_plan` before step 2, verified, its plan applied from step 2 on)
+`plan.json` and the client's log `client.log`;
+`step.hlo` is step 2's module as torch_xla compiled it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -36,9 +39,9 @@ import torch_xla.runtime as xr
 import transformers
 
 from fidelity.dumps import allocation_bytes_by_kind, largest_module
-from scan_runtime import scan_decoder_layers
+from scan_runtime import auto_plan, scan_decoder_layers
 from scan_runtime.capture import capture_step
-from scan_runtime.client import to_planner_mesh
+from scan_runtime.client import PlannerClient, to_planner_mesh
 
 DUMP = Path(os.environ["XLA_FLAGS"].split()[0].removeprefix("--xla_dump_to="))
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -101,6 +104,13 @@ def main() -> int:
                 captured = capture_step(loss_of, (ids,), model, to_planner_mesh(mesh), optimizer)
                 (out / "captured.hlo").write_text(captured.hlo)
                 (out / "manifest.json").write_text(captured.manifest.model_dump_json())
+            elif mode == "planned":
+                logging.getLogger("scan_runtime").addHandler(logging.FileHandler(out / "client.log"))
+                logging.getLogger("scan_runtime").setLevel(logging.INFO)
+                client = PlannerClient(mesh=mesh, cache_dir=out / "plans", verify=True)
+                plan = auto_plan(loss_of, ids, model=model, mesh=mesh, client=client, optimizer=optimizer)
+                assert plan is not None and plan.plan is not None
+                (out / "plan.json").write_text(plan.plan.model_dump_json())
             compiles_before = len((met.metric_data("CompileTime") or (0, 0, []))[2])
         optimizer.zero_grad()
         loss = loss_of(ids)
