@@ -48,6 +48,10 @@ OPTIMIZERS = (None, "adamw", "adamw_clip")
 # params' dtype.
 MIXED_PRECISIONS = (None, "f32_state", "f32_master")
 MESH_AXES = ("data", "fsdp", "tp", "expert")
+# transformers' decoder models a torch_xla step can be instead of the example stack: the model class
+# built from a small config of the package's (no weights downloaded), its decoder layers through the
+# drop-in `scan_decoder_layers` (or its own loop), its own loss. Gemma ties its head to the embedding.
+TRANSFORMERS_MODELS = ("llama", "mistral", "gemma")
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,7 @@ class Case:
     # a document and the loss skips padding (segment 0) and the first token of each document.
     packed: bool = False
     z_loss: bool = False  # PaLM's 1e-4 * logsumexp(logits)**2 per token added to the loss
+    transformers_model: str | None = None  # one of TRANSFORMERS_MODELS (torch_xla only): that model's own step
 
     def __post_init__(self) -> None:
         if self.front_end not in FRONT_ENDS:
@@ -173,6 +178,7 @@ class Case:
                 f"not family={self.family!r} with num_experts={self.size.num_experts}"
             )
         self._check_step()
+        self._check_transformers_model()
         if self.chip is not None and self.tpu_topology is None:
             raise ValueError(f"{self.name}: no libtpu topology for {self.chip} with {self.mesh.num_devices} devices")
 
@@ -211,6 +217,20 @@ class Case:
         self._check_microbatches()
         if self.seq_parallel and (self.mesh.size("tp") == 1 or s.seq_len % self.mesh.size("tp")):
             raise ValueError(f"{self.name}: sequence parallelism splits seq_len={s.seq_len} over a tp axis")
+
+    def _check_transformers_model(self) -> None:
+        model = self.transformers_model
+        if model is None:
+            return
+        if model not in TRANSFORMERS_MODELS:
+            raise ValueError(f"{self.name}: transformers_model={model!r} is not one of {TRANSFORMERS_MODELS}")
+        tied = "lm_tied" if model == "gemma" else "lm"
+        if self.front_end != "torch_xla" or self.step != tied or self.torch_mode == "scan_no_shard_as":
+            raise ValueError(
+                f"{self.name}: transformers' {model} is a torch_xla {tied} step through scan or its own loop"
+            )
+        if set(self.mesh.axis_names) != {"fsdp", "tp"}:
+            raise ValueError(f"{self.name}: transformers' models are sharded FSDPv2-style over fsdp and tp")
 
     def _check_microbatches(self) -> None:
         per_step = self.microbatches * math.prod(map(self.mesh.size, self.mesh.batch_axes))
@@ -265,6 +285,8 @@ class Case:
             record |= {"E": s.num_experts, "top_k": s.top_k}
         if self.front_end == "torch_xla":
             record["torch_mode"] = self.torch_mode
+        if self.transformers_model is not None:
+            record["transformers_model"] = self.transformers_model
         if self.step != "toy":
             record |= self.step_config()
         elif self.microbatches > 1:
@@ -438,7 +460,8 @@ def step_label(case: Case) -> str:
 
 def named(case: Case, prefix: str = "") -> Case:
     """The case under its readable name: the grid's parts with the step's label after the family."""
-    extra = (f"_{case.torch_mode}" if case.front_end == "torch_xla" else "") + "_" + step_label(case)
+    model = f"_hf{case.transformers_model}" if case.transformers_model else ""
+    extra = model + (f"_{case.torch_mode}" if case.front_end == "torch_xla" else "") + "_" + step_label(case)
     return replace(case, name=prefix + _name(case.front_end, case.family, case.remat, case.size, case.partitioner,
                                              case.mesh, case.pinned, extra))  # fmt: skip
 
@@ -535,6 +558,29 @@ def lm_grid(seed: int = 13) -> tuple[Case, ...]:
         case = Case("", "torch_xla", "gspmd", remat, torch_size, mesh, chip="v6e", torch_mode=mode, step=step,
                     cross_entropy="take_along_axis", optimizer=optimizer)  # fmt: skip
         cases.append(named(case))
+    return tuple(cases) + transformers_grid()
+
+
+def transformers_grid() -> tuple[Case, ...]:
+    """torch_xla steps of transformers' own models, as a user trains one: FSDPv2-style shardings, AdamW, the
+    decoder layers through `scan_decoder_layers` (with and without min-cut remat) or the model's own loop;
+    Llama, Mistral (sliding-window attention) and Gemma (tied head, GeGLU), GQA 8/2. transformers' Mixtral
+    goes through `scan_decoder_layers` (tests/test_decoder_layers.py) but has no grid step: its experts
+    sharded as dense projections, the step XLA:CPU runs on 8 virtual devices stops in a collective-permute
+    (rendezvous timeout); replicated, batched_mm's per-token weight gather asks 26 GB."""
+    size = ModelSize(4, 512, 1536, 8, 2, 64, 8, 128, vocab_size=16384)
+    cases = []
+    for model, mode, remat, mesh in (
+        ("llama", "scan", None, MeshSpec((4, 2))),
+        ("llama", "scan", "min_cut", MeshSpec((2, 4))),
+        ("llama", "loop", None, MeshSpec((4, 2))),
+        ("mistral", "scan", None, MeshSpec((4, 2))),
+        ("gemma", "scan", "min_cut", MeshSpec((4, 2))),
+    ):
+        step = "lm_tied" if model == "gemma" else "lm"
+        case = Case("", "torch_xla", "gspmd", remat, size, mesh, chip="v6e", torch_mode=mode, step=step,
+                    cross_entropy="take_along_axis", optimizer="adamw", transformers_model=model)  # fmt: skip
+        cases.append(named(case))
     return tuple(cases)
 
 
@@ -582,6 +628,11 @@ def ci_subset() -> tuple[Case, ...]:
     # moments torch_xla donates (`buffer_donor`).
     case = Case("", "torch_xla", "gspmd", "min_cut", replace(small, vocab_size=4096), MeshSpec((2, 4)), chip="v6e",
                 torch_mode="scan", step="lm_tied", cross_entropy="take_along_axis", optimizer="adamw")  # fmt: skip
+    cases.append(named(case, "ci_"))
+    # transformers' Llama as a torch_xla user trains it: its decoder layers through scan_decoder_layers, AdamW.
+    hf = ModelSize(4, 256, 768, 8, 2, 32, 8, 64, vocab_size=4096)
+    case = Case("", "torch_xla", "gspmd", None, hf, MeshSpec((4, 2)), chip="v6e", torch_mode="scan", step="lm",
+                cross_entropy="take_along_axis", optimizer="adamw", transformers_model="llama")  # fmt: skip
     cases.append(named(case, "ci_"))
     # Whole steps: a GSPMD language model, a tied one with AdamW over bf16 params (f32 master copy,
     # clipped), and gradient accumulation under Shardy.

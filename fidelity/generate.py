@@ -22,12 +22,15 @@ from fidelity.cases import FIXTURE_CASES, Case, case_named
 from fidelity.record import runner_environment
 
 RUNNERS = {"jax": "fidelity.run_jax", "torch_xla": "fidelity.run_torch_xla"}
+# A torch_xla step of a transformers model (`Case.transformers_model`) has a runner of its own.
+TRANSFORMERS_RUNNER = "fidelity.run_transformers"
 _LEAF = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\]")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_case(case: Case, out_dir: Path, dumps: Path | None, runner_args: tuple[str, ...] = ()) -> bool:
-    cmd = [sys.executable, "-m", RUNNERS[case.front_end], case.name, "--out", str(out_dir), *runner_args]
+    runner = TRANSFORMERS_RUNNER if case.transformers_model else RUNNERS[case.front_end]
+    cmd = [sys.executable, "-m", runner, case.name, "--out", str(out_dir), *runner_args]
     if dumps is not None:
         cmd += ["--dumps", str(dumps / case.name)]
     env = runner_environment(os.environ)

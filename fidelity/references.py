@@ -29,6 +29,10 @@ _SOURCES = ("fidelity/models.py", "fidelity/steps.py", "fidelity/torch_models.py
             "fidelity/run_torch_xla.py", "fidelity/record.py", "fidelity/dumps.py", "fidelity/hlo_text.py",
             "fidelity/memory_stats.py", "examples/llama_layers.py")  # fmt: skip
 _COMPILERS = ("jax", "jaxlib", "libtpu", "torch", "torch_xla")
+# A transformers model's step is also made from its runner, the drop-in scan it trains through, and the
+# package's version.
+_TRANSFORMERS_SOURCES = ("fidelity/run_transformers.py", "fidelity/transformers_models.py",
+                         "scan_runtime/decoder_layers.py", "scan_runtime/scan.py")  # fmt: skip
 # The cache keeps XLA:TPU's module entering propagation beside each TPU case's fixture.
 CACHE_RUNNER_ARGS = ("--tpu-pre-propagation",)
 
@@ -52,10 +56,12 @@ def _installed(package: str) -> str:
 def content_key(case: Case) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps({"name": case.name, "config": case.config()}, sort_keys=True).encode())
-    extra = torch_xla_tpu.SOURCES if case.front_end == "torch_xla" and case.chip is not None else ()
+    extra: tuple[str, ...] = torch_xla_tpu.SOURCES if case.front_end == "torch_xla" and case.chip is not None else ()
+    if case.transformers_model is not None:
+        extra += _TRANSFORMERS_SOURCES
     for source in (*_SOURCES, *extra):
         digest.update((PROJECT_ROOT / source).read_bytes())
-    for package in _COMPILERS:
+    for package in _COMPILERS + (("transformers",) if case.transformers_model is not None else ()):
         digest.update(f"{package}=={_installed(package)}".encode())
     digest.update(" ".join(CACHE_RUNNER_ARGS).encode())
     return digest.hexdigest()[:16]

@@ -28,6 +28,12 @@ FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 32}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32}),
+    # Experts in one batched matmul: transformers' default (grouped_mm) takes bf16 only.
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "batched_mm"},
+    ),
 }
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
          "num_hidden_layers": 4, "vocab_size": 1024, "attn_implementation": "eager"}  # fmt: skip

@@ -24,7 +24,7 @@ def _run(family: str, mode: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.xla
-@pytest.mark.parametrize("family", ["llama", "gemma"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "mixtral"])
 def test_scanned_decoder_layers_train_as_the_models_own_loop(family: str) -> None:
     results = {}
     for mode in ("plain", "scan"):
