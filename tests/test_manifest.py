@@ -163,3 +163,7 @@ def test_a_manifest_pairs_a_gradient_with_the_parameter_it_names_among_those_of_
     mesh = Mesh.parse("fsdp=4,tensor=2")
     named = {position: p.name for position, _, p in outputs_and_parameters(module, manifest, mesh)}
     assert named == {1: "embed", 2: "head"}
+    # torch_xla's module without a manifest: its order says nothing, so neither output is paired.
+    torch_xla = parse_hlo(SAME_DIMS.replace("HloModule same_dims", "HloModule SyncTensorsGraph.9"))
+    assert dict((position, p.name) for position, _, p in outputs_and_parameters(torch_xla)) == {}
+    assert {position: p.name for position, _, p in outputs_and_parameters(torch_xla, manifest, mesh)} == named

@@ -9,13 +9,15 @@ Same dims are not enough where two parameters share them: an LM's token embeddin
 [vocab, hidden], and torch_xla numbers its entry parameters in the order the graph first reads them, not
 the model's. Where a manifest names the output's parameter, its partition spec says which one: the
 parameter of those dims that is sharded as the spec says (the embedding over fsdp, the head over tensor
-and fsdp) is preferred to the first of those dims.
+and fsdp) is preferred to the first of those dims. A torch_xla step without a manifest leaves such an
+output unpaired when the candidates are sharded differently: the first of them would be a guess.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from planner.hlo.frontend import TORCH_XLA, front_end_of
 from planner.hlo.ir import HloModule, Instruction
 from planner.hlo.shapes import ArrayShape
 from planner.mesh import Mesh
@@ -35,6 +37,7 @@ def outputs_and_parameters(
         return
     parameters = [p for p in entry.parameters if isinstance(p.shape, ArrayShape)]
     named = _named_shardings(manifest, mesh)
+    torch_xla = front_end_of(module) == TORCH_XLA
     taken: set[str] = set()
     for position, value in enumerate(root.operands):
         shape = entry[value].shape
@@ -43,6 +46,8 @@ def outputs_and_parameters(
         free = [p for p in parameters if p.name not in taken and p.shape.dims == shape.dims]  # type: ignore[union-attr]
         wanted = named.get(position)
         match = next((p for p in free if wanted is not None and _same(p.sharding, wanted)), None)
+        if match is None and wanted is None and torch_xla and len({_text(p.sharding) for p in free}) > 1:
+            continue  # torch_xla's order says nothing, and the candidates' shardings differ: no pair, not a guess
         match = match or next(iter(free), None)
         if match is None:
             continue
@@ -59,5 +64,9 @@ def _named_shardings(manifest: Manifest | None, mesh: Mesh | None) -> Mapping[in
             for position, name in enumerate(manifest.outputs) if name is not None and name in by_name}  # fmt: skip
 
 
+def _text(sharding: HloSharding | None) -> str | None:
+    return sharding.to_short_text() if sharding is not None else None
+
+
 def _same(sharding: HloSharding | None, wanted: HloSharding) -> bool:
-    return sharding is not None and sharding.to_short_text() == wanted.to_short_text()
+    return sharding is not None and _text(sharding) == _text(wanted)
