@@ -50,8 +50,9 @@ MIXED_PRECISIONS = (None, "f32_state", "f32_master")
 MESH_AXES = ("data", "fsdp", "tp", "expert")
 # transformers' decoder models a torch_xla step can be instead of the example stack: the model class
 # built from a small config of the package's (no weights downloaded), its decoder layers through the
-# drop-in `scan_decoder_layers` (or its own loop), its own loss. Gemma ties its head to the embedding.
-TRANSFORMERS_MODELS = ("llama", "mistral", "gemma")
+# drop-in `scan_decoder_layers` (or its own loop), its own loss. Gemma ties its head to the embedding;
+# Mixtral is the moe family (experts and top-k from the case's size).
+TRANSFORMERS_MODELS = ("llama", "mistral", "gemma", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,9 @@ class Case:
         if self.front_end == "torch_xla":
             # torch_xla 2.9 only partitions with GSPMD; XLA:TPU compiles its dump ahead of time through
             # the faithful StableHLO conversion (planner.plan.stablehlo).
-            if self.partitioner != "gspmd" or self.family != "llama":
-                raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps")
+            family = "moe" if self.transformers_model == "mixtral" else "llama"
+            if self.partitioner != "gspmd" or self.family != family:
+                raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps, or transformers' Mixtral")
             if self.remat not in (None, "min_cut"):
                 raise ValueError(f"{self.name}: torch_xla's remat is the min_cut partition_fn")
             # F.cross_entropy is log_softmax + nll_loss: the take_along_axis spelling.
@@ -561,13 +563,16 @@ def lm_grid(seed: int = 13) -> tuple[Case, ...]:
     return tuple(cases) + transformers_grid()
 
 
+MIXTRAL_SIZE = ModelSize(4, 256, 512, 8, 2, 32, 8, 64, num_experts=4, vocab_size=4096)
+
+
 def transformers_grid() -> tuple[Case, ...]:
     """torch_xla steps of transformers' own models, as a user trains one: FSDPv2-style shardings, AdamW, the
     decoder layers through `scan_decoder_layers` (with and without min-cut remat) or the model's own loop;
-    Llama, Mistral (sliding-window attention) and Gemma (tied head, GeGLU), GQA 8/2. transformers' Mixtral
-    goes through `scan_decoder_layers` (tests/test_decoder_layers.py) but has no grid step: its experts
-    sharded as dense projections, the step XLA:CPU runs on 8 virtual devices stops in a collective-permute
-    (rendezvous timeout); replicated, batched_mm's per-token weight gather asks 26 GB."""
+    Llama, Mistral (sliding-window attention) and Gemma (tied head, GeGLU), GQA 8/2; Mixtral (4 experts,
+    top 2) smaller: batched_mm gathers each token's experts' weights, and at the others' size one device's
+    share outlasts XLA:CPU's 10 s wait for the others at a collective-permute (the run aborts).
+    """
     size = ModelSize(4, 512, 1536, 8, 2, 64, 8, 128, vocab_size=16384)
     cases = []
     for model, mode, remat, mesh in (
@@ -576,9 +581,14 @@ def transformers_grid() -> tuple[Case, ...]:
         ("llama", "loop", None, MeshSpec((4, 2))),
         ("mistral", "scan", None, MeshSpec((4, 2))),
         ("gemma", "scan", "min_cut", MeshSpec((4, 2))),
+        ("mixtral", "scan", None, MeshSpec((4, 2))),
     ):
         step = "lm_tied" if model == "gemma" else "lm"
-        case = Case("", "torch_xla", "gspmd", remat, size, mesh, chip="v6e", torch_mode=mode, step=step,
+        family, sized = ("moe", MIXTRAL_SIZE) if model == "mixtral" else ("llama", size)
+        # Mixtral's module does not come back from jaxlib's compile path as itself (MLIR rewrites iotas and
+        # transposes of its routing), so XLA:TPU cannot be given it faithfully: XLA:CPU only.
+        chip = None if model == "mixtral" else "v6e"
+        case = Case("", "torch_xla", "gspmd", remat, sized, mesh, family, chip=chip, torch_mode=mode, step=step,
                     cross_entropy="take_along_axis", optimizer="adamw", transformers_model=model)  # fmt: skip
         cases.append(named(case))
     return tuple(cases)

@@ -22,12 +22,17 @@ TOKENS_SPEC = ("fsdp", None)
 
 
 def partition_spec(name: str, rank: int) -> tuple[str | None, ...] | None:
-    """The spec a parameter of this name and rank is marked with (None: left replicated)."""
-    if rank == 1:
+    """The spec a parameter of this name and rank is marked with (None: left replicated).
+
+    Mixtral's experts are stacked [experts, out, in] (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`):
+    each expert's projection is sharded as a dense one, the experts dim whole; its router (`mlp.gate`,
+    [experts, hidden]) is left replicated."""
+    if rank == 1 or name.endswith("mlp.gate.weight"):
         return None
     if "embed_tokens" in name:
         return EMBEDDING_SPEC
-    return COLUMN_SPEC if any(c in name for c in COLUMN_PARALLEL) else ROW_SPEC
+    spec = COLUMN_SPEC if any(c in name for c in COLUMN_PARALLEL) else ROW_SPEC
+    return (None,) * (rank - 2) + spec
 
 
 def config(case: Case) -> Any:
@@ -55,6 +60,13 @@ def config(case: Case) -> Any:
         return transformers.MistralConfig(**common, sliding_window=size.seq_len // 2, tie_word_embeddings=False)
     if model == "gemma":
         return transformers.GemmaConfig(**common, tie_word_embeddings=True)
+    if model == "mixtral":
+        # batched_mm: each token's top-k experts' weights gathered and multiplied in one batched matmul, static
+        # shapes throughout (transformers' default, grouped_mm, takes bf16 only; eager loops over the
+        # experts a batch routes to, a data-dependent shape).
+        return transformers.MixtralConfig(**common, num_local_experts=size.num_experts,
+                                          num_experts_per_tok=size.top_k, experts_implementation="batched_mm",
+                                          sliding_window=None, tie_word_embeddings=False)  # fmt: skip
     raise ValueError(f"{case.name}: no transformers model {model!r}")
 
 
