@@ -105,8 +105,9 @@ def main() -> int:
                 (out / "captured.hlo").write_text(captured.hlo)
                 (out / "manifest.json").write_text(captured.manifest.model_dump_json())
             elif mode == "planned":
-                logging.getLogger("scan_runtime").addHandler(logging.FileHandler(out / "client.log"))
-                logging.getLogger("scan_runtime").setLevel(logging.INFO)
+                client_log = logging.getLogger("scan_runtime")
+                client_log.addHandler(logging.FileHandler(out / "client.log"))
+                client_log.setLevel(logging.INFO)
                 client = PlannerClient(mesh=mesh, cache_dir=out / "plans", verify=True)
                 plan = auto_plan(loss_of, ids, model=model, mesh=mesh, client=client, optimizer=optimizer)
                 assert plan is not None and plan.plan is not None

@@ -146,12 +146,12 @@ def compile_step(text: str, specs: list[dict[str, Any]], num_devices: int, dump_
     xr.use_spmd()
     inputs = _inputs(specs)
     torch_xla.sync()
-    if any(s.get("donated") for s in specs):
+    if any(s["donated"] for s in specs):
         # A sync donates the buffers marked for donation, and XLA pairs them with outputs by its own rule, as
         # it did for the step the module was dumped from.
         torch_xla._XLAC._xla_set_enable_alias_with_buffer_donor_config(True)
         for tensor, spec in zip(inputs, specs):
-            torch_xla._XLAC._set_buffer_donation(tensor, bool(spec.get("donated")))
+            torch_xla._XLAC._set_buffer_donation(tensor, spec["donated"])
     # jaxlib's parser builds the proto torch_xla's lowering would have; both XLAs read the same proto.
     proto = jaxlib_api.hlo_proto(text)
     computation = torch_xla._XLAC._xla_op_computation_from_module_proto("verify", separate_computation_ids(proto))
