@@ -7,12 +7,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from api.job_store import Job
-from api.models import PlanRequest
+from api.models import PlanRequest, RequestModel
 
 JobState = Literal["queued", "running", "done", "failed"]
 
 
-class SearchSpec(BaseModel):
+class SearchSpec(RequestModel):
     """What `spmd-planner search` takes, for a search job."""
 
     builder: str = Field(
@@ -26,7 +26,7 @@ class SearchSpec(BaseModel):
     top: int = Field(default=3, ge=0, le=16, description="how many of the best to compile")
 
 
-class JobRequest(BaseModel):
+class JobRequest(RequestModel):
     kind: Literal["verify", "search"] = Field(
         description="verify: plan the step, then compile it as given and with the plan's placements by real "
         "XLA (XLA:CPU, and XLA:TPU for a TPU chip when the service has libtpu); the plan is stored with the "

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ class JobQueue:
         self._started_ray = False
         self._tasks: dict[str, Any] = {}
         self._watching: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         # This replica, as the jobs it sends to Ray name it.
         self.replica = uuid.uuid4().hex[:16]
 
@@ -61,6 +63,7 @@ class JobQueue:
                 ray.init(address=self.settings.ray_address, include_dashboard=False, log_to_driver=False,
                          logging_level="ERROR")  # fmt: skip
                 self._started_ray = True
+                self._python_handles_sigterm()
             self._tasks[kind] = ray.remote(run_job).options(
                 num_cpus=1,
                 memory=task_memory(JOB_MEMORY_BYTES[kind]),
@@ -68,6 +71,22 @@ class JobQueue:
                 runtime_env={"env_vars": {"PYTHONPATH": driver_path()}},
             )
             return self._tasks[kind]
+
+    def _python_handles_sigterm(self) -> None:
+        """Ray's driver installs a native crash handler for SIGTERM as for SIGSEGV (absl's failure signal
+        handler): the signal that stops a server would print a C stack and end the process before the
+        server shuts down. The handler Python had (uvicorn's graceful shutdown) is set again, from the
+        event loop's thread when that is the main thread, the only one Python lets set it."""
+        handler = signal.getsignal(signal.SIGTERM)
+        if self._loop is None or handler is None:
+            return
+
+        def restore() -> None:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, handler)
+
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping anyway
+            self._loop.call_soon_threadsafe(restore)
 
     def dispatch(self, job: Job) -> None:
         """Sends the job's current attempt to Ray; the result comes back through the row, not here."""
@@ -119,7 +138,8 @@ class JobQueue:
             await asyncio.sleep(self.settings.job_check_seconds)
 
     def start_watching(self) -> None:
-        self._watching = asyncio.get_running_loop().create_task(self.watch())
+        self._loop = asyncio.get_running_loop()
+        self._watching = self._loop.create_task(self.watch())
 
     async def close(self) -> None:
         if self._watching is not None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from planner.memory import chip
+from planner.memory.chips import check_hbm_bytes
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
@@ -21,9 +25,37 @@ _EXAMPLE_HLO = (
 
 # A byte count no chip comes near (1 EiB), and within the 64-bit integers the plan store keeps.
 MAX_BYTES = 1 << 60
+# How messages name HLO sent in a request's JSON (an uploaded file is named by its file name).
+REQUEST_SOURCE = "request"
 
 
-class MeshSpec(BaseModel):
+class RequestModel(BaseModel):
+    """A request body's model: a field it does not have is refused, naming the nearest one it has
+    (`unknown field 'mseh': did you mean 'mesh'?`), never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [name for name in data if name not in cls.model_fields]
+            if unknown:
+                raise PydanticCustomError("extra_forbidden", "{message}",
+                                          {"message": unknown_fields(unknown, list(cls.model_fields))})  # fmt: skip
+        return data
+
+
+def unknown_fields(unknown: list[str], known: list[str]) -> str:
+    """`unknown field 'mseh': did you mean 'mesh'?`; without a near name, the known ones."""
+    near = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+    if len(unknown) == 1 and near[unknown[0]]:
+        return f"unknown field {unknown[0]!r}: did you mean {near[unknown[0]][0]!r}?"
+    named = ", ".join(f"{name!r} (did you mean {near[name][0]!r}?)" if near[name] else repr(name) for name in unknown)
+    return f"unknown field{'s' if len(unknown) > 1 else ''} {named}; known: {', '.join(known)}"
+
+
+class MeshSpec(RequestModel):
     shape: list[int] = Field(examples=[[4, 2]])
     axis_names: list[str] = Field(examples=[["fsdp", "tp"]])
     device_ids: list[int] | None = Field(default=None, description="row-major device ids; default 0..N-1")
@@ -37,7 +69,7 @@ class MeshSpec(BaseModel):
         return self
 
 
-class PlanOptions(BaseModel):
+class PlanOptions(RequestModel):
     threshold: float = Field(default=1.5, ge=1, description="report buffers above this multiple of their ideal")
     min_bytes: int = Field(
         default=1 << 20, ge=0, le=MAX_BYTES, description="and wasting at least this many bytes per chip"
@@ -49,7 +81,7 @@ class PlanOptions(BaseModel):
     )
 
 
-class PlanRequest(BaseModel):
+class PlanRequest(RequestModel):
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "hlo": _EXAMPLE_HLO, "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "chip": "v6e",
     }]})  # fmt: skip
@@ -57,9 +89,18 @@ class PlanRequest(BaseModel):
     hlo: str = Field(description="HLO text of one training step, as XLA or torch_xla dumps it")
     mesh: MeshSpec | None = None
     chip: str | None = Field(default=None, description="chip preset (v4, v5e, v5p, v6e, h100, h200)")
-    hbm_bytes: int | None = Field(default=None, ge=1, le=MAX_BYTES, description="HBM per chip, instead of a preset")
+    hbm_bytes: int | None = Field(
+        default=None, description="HBM per chip, instead of a preset: more than 0 bytes, at most 1 PiB"
+    )
     manifest: Manifest | None = None
     options: PlanOptions = Field(default_factory=PlanOptions)
+    # How messages name the HLO: `REQUEST_SOURCE`, or the uploaded file's name (`named`).
+    _source: str = PrivateAttr(default=REQUEST_SOURCE)
+
+    @field_validator("hbm_bytes")
+    @classmethod
+    def _a_chip_could_have(cls, hbm_bytes: int | None) -> int | None:
+        return None if hbm_bytes is None else check_hbm_bytes(hbm_bytes)
 
     @model_validator(mode="after")
     def _one_capacity(self) -> PlanRequest:
@@ -68,6 +109,15 @@ class PlanRequest(BaseModel):
         if self.chip is not None:
             chip(self.chip)  # an unknown preset is refused here, with the known ones
         return self
+
+    def named(self, source: str) -> PlanRequest:
+        """This request with its HLO named `source` in messages (`mydump.hlo:3:5: ...`)."""
+        self._source = source
+        return self
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -94,6 +144,7 @@ class PlanRequest(BaseModel):
             "min_bytes": self.options.min_bytes,
             "verify": self.options.verify,
             "chip": self.chip,
+            "source": self._source,
         }  # fmt: skip
 
 
@@ -113,6 +164,10 @@ class PlanSummary(BaseModel):
     total_before: int = Field(description="predicted HBM per chip before the plan, bytes")
     total_after: int
     num_findings: int
+    chip: str | None = Field(default=None, description="the chip preset planned for, when one was given")
+    verdict: str | None = Field(
+        default=None, description="after the plan: fits, does not fit, too close to call or no capacity"
+    )
 
 
 class PlanPage(BaseModel):
@@ -133,7 +188,7 @@ class Health(BaseModel):
     stored_plans: int
 
 
-class SearchRow(BaseModel):
+class SearchRow(RequestModel):
     """One candidate of a configuration search: the prediction, and the compile where one was made."""
 
     candidate: str = Field(description="mesh, remat, microbatches and chip, e.g. `fsdp=64,tp=4 remat=full ...`")
@@ -148,7 +203,7 @@ class SearchRow(BaseModel):
     compile_error: str | None = None
 
 
-class SearchReportBody(BaseModel):
+class SearchReportBody(RequestModel):
     """A configuration search's ranking (`spmd-planner search --url`), best first."""
 
     builder: str = Field(description="the step builder searched, MODULE:FUNCTION")

@@ -25,6 +25,10 @@ _PARTS: dict[str, tuple[str | int, ...]] = {
     "BufferInfo": ("hbm", "top_buffers_before", 0),
     "FindingInfo": ("findings", 0),
     "RootCauseInfo": ("findings", 0, "root_cause"),
+    "SplitPictureInfo": ("findings", 0, "split"),
+    "TensorSplitInfo": ("findings", 0, "split", "now"),
+    "DimSplitInfo": ("findings", 0, "split", "now", "dims", 1),
+    "UserPlacementInfo": ("placements", 0, "user"),
     "ConflictInfo": ("conflicts", 0),
     "GroupMemberInfo": ("conflicts", 0, "members", 0),
     "PlacementInfo": ("placements", 0),
@@ -170,7 +174,8 @@ def service_examples() -> dict[str, Any]:
         "id": "c29be64f11394efc6aacaf452b97f455", "created_at": 1795420800.0, "module": plan["module"],
         "mesh": plan["mesh"], "capacity_bytes": plan["hbm"]["capacity_bytes"],
         "total_before": plan["hbm"]["total_before"], "total_after": plan["hbm"]["total_after"],
-        "num_findings": len(plan["findings"]),
+        "num_findings": len(plan["findings"]), "chip": plan["verdict"]["chip"],
+        "verdict": plan["verdict"]["call_after"],
     }  # fmt: skip
     return {
         "PlanRecord": {"id": summary["id"], "created_at": summary["created_at"], "cached": False, "plan": plan},

@@ -22,7 +22,7 @@ from planner.plan.manifest import Manifest
 
 def plan_job(job: dict[str, Any]) -> dict[str, Any]:
     try:
-        module = parse_hlo(job["hlo"], source="request")
+        module = parse_hlo(job["hlo"], source=job["source"])
         mesh = Mesh(**{k: tuple(v) for k, v in job["mesh"].items()}) if job.get("mesh") else None
         manifest = Manifest.model_validate(job["manifest"]) if job.get("manifest") else None
         prepared = Preparation(job.get("chip") or "cpu", mesh).apply(module)

@@ -7,6 +7,8 @@ import zlib
 from api.models import PlanRecord, PlanRequest
 from api.store import PlanStore, StoredPlan
 from api.worker import JobFailed, PlanWorkers
+from planner.errors import TOO_DEEP, HloParseError, PlannerError
+from planner.hlo.parser import parse_hlo
 from planner.plan.model import Plan
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -30,6 +32,19 @@ def hlo_from_upload(data: bytes, limit: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise JobFailed(422, f"the HLO file is not UTF-8 text (byte {e.start} is 0x{data[e.start]:02x})") from None
+
+
+def check_parses(request: PlanRequest) -> None:
+    """Raises `JobFailed` (422, with the line and column) when the request's HLO does not parse: a job is
+    refused at once, as POST /plan refuses it, instead of being accepted to fail minutes later."""
+    try:
+        parse_hlo(request.hlo, source=request.source)
+    except HloParseError as e:
+        raise JobFailed(422, str(e), e.line, e.column) from None
+    except (PlannerError, ValueError) as e:
+        raise JobFailed(422, str(e)) from None
+    except RecursionError:
+        raise JobFailed(422, TOO_DEEP) from None
 
 
 def record(stored: StoredPlan, cached: bool) -> PlanRecord:
@@ -65,5 +80,7 @@ def store_answer(store: PlanStore, plan_id: str, answer: dict) -> StoredPlan:
         "total_before": plan.hbm.total_before,
         "total_after": plan.hbm.total_after,
         "num_findings": len(plan.findings),
+        "chip": plan.verdict.chip if plan.verdict is not None else None,
+        "verdict": plan.verdict.call_after if plan.verdict is not None else None,
     }
     return store.put(plan_id, answer["plan_json"], answer["patched"], summary)

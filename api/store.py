@@ -45,6 +45,8 @@ class StoredPlan:
     total_before: int
     total_after: int
     num_findings: int
+    chip: str | None
+    verdict: str | None
     plan_json: str
 
 
@@ -133,6 +135,8 @@ class PlanStore:
             "total_before": summary["total_before"],
             "total_after": summary["total_after"],
             "num_findings": summary["num_findings"],
+            "chip": summary.get("chip"),
+            "verdict": summary.get("verdict"),
             "plan_json": plan_json,
             "patched_hlo_gz": gzip.compress(patched_hlo.encode(), compresslevel=6),
         }
@@ -145,7 +149,7 @@ class PlanStore:
     def _plan_columns(self, with_json: bool) -> list[Any]:
         c = plans.c
         return [c.id, c.created_at, c.module, c.mesh, c.capacity_bytes, c.total_before, c.total_after,
-                c.num_findings, c.plan_json if with_json else text("''")]  # fmt: skip
+                c.num_findings, c.chip, c.verdict, c.plan_json if with_json else text("''")]  # fmt: skip
 
     def get(self, plan_id: str) -> StoredPlan | None:
         with self.engine.connect() as db:

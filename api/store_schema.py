@@ -24,6 +24,10 @@ plans = Table(
     Column("num_findings", Integer, nullable=False),
     Column("plan_json", Text, nullable=False),
     Column("patched_hlo_gz", LargeBinary, nullable=False),
+    # The chip preset planned for, and the verdict after the plan (fits, does not fit, ...): NULL on rows
+    # from before revision 0003.
+    Column("chip", Text),
+    Column("verdict", Text),
 )
 Index("plans_by_time", plans.c.created_at.desc())
 

@@ -38,11 +38,21 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Strip:
+    """A stretch of program order to hover: what runs there and the bytes live, before and after."""
+
+    x: float
+    width: float
+    text: str
+
+
+@dataclass(frozen=True)
 class TimelineChart:
     label: str
     computation: str
     before: Line | None
     after: Line | None
+    strips: tuple[Strip, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,35 @@ class Timelines:
     ticks: list[tuple[float, str]]
     capacity_y: float | None
     charts: list[TimelineChart]
+
+
+# Hover targets per chart: program order in this many stretches at most (each a transparent strip).
+MAX_STRIPS = 80
+
+
+def strips(before: TimelineSeries | None, after: TimelineSeries | None) -> tuple[Strip, ...]:
+    """Stretches of the chart to hover, each saying the instructions it spans and the most bytes live in
+    it before and after the plan (the two series are matched by their share of program order)."""
+    lead = before if before is not None and before.live_bytes else after
+    if lead is None or not lead.live_bytes:
+        return ()
+    n = len(lead.live_bytes)
+    count = min(n, MAX_STRIPS)
+    plot = WIDTH - _LEFT - _RIGHT
+    out = []
+    for k in range(count):
+        lo, hi = k * n // count, max((k + 1) * n // count, k * n // count + 1)
+        first, last = lead.positions[lo], lead.positions[hi - 1]
+        most = max(range(lo, hi), key=lambda i: lead.live_bytes[i])
+        where = first if first == last else f"{first} .. {last}, most live after {lead.positions[most]}"
+        parts = [where]
+        for name, series in (("before", before), ("after the plan", after)):
+            if series is not None and series.live_bytes:
+                m = len(series.live_bytes)
+                a, b = lo * m // n, max(hi * m // n, lo * m // n + 1)
+                parts.append(f"{name}: {human_bytes(max(series.live_bytes[a:b]))} live")
+        out.append(Strip(_LEFT + plot * k / count, plot / count, "; ".join(parts)))
+    return tuple(out)
 
 
 def timelines(plan: Plan) -> Timelines | None:
@@ -85,9 +124,11 @@ def timelines(plan: Plan) -> Timelines | None:
         return Line(points, Peak(x(k), y(series.live_bytes[k]), series.live_bytes[k], series.positions[k]), n)
 
     after = {s.computation: s for s in plan.timeline_after}
-    charts = [TimelineChart(s.label, s.computation, line(s), line(after.pop(s.computation, None)))
-              for s in plan.timeline_before]  # fmt: skip
-    charts += [TimelineChart(s.label, s.computation, None, line(s)) for s in after.values()]
+    charts = []
+    for s in plan.timeline_before:
+        planned = after.pop(s.computation, None)
+        charts.append(TimelineChart(s.label, s.computation, line(s), line(planned), strips(s, planned)))
+    charts += [TimelineChart(s.label, s.computation, None, line(s), strips(None, s)) for s in after.values()]
     step = nice_step(top / 3)
     ticks = [(y(int(k * step)), human_bytes(int(k * step))) for k in range(int(top // step) + 1)]
     return Timelines(WIDTH, HEIGHT, _LEFT, WIDTH - _RIGHT, _TOP, bottom, ticks,

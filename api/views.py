@@ -274,11 +274,20 @@ def change_set(plan: Plan) -> list[str]:
     return [] if any(s in plan.verdict.change_set_name for s in listed) else listed
 
 
+def placement_code(plan: Plan, index: int) -> str | None:
+    """A placement as the line to paste in the step's framework, with where it goes as a comment."""
+    user = plan.placements[index].user
+    if user is None or user.code is None:
+        return None
+    return f"# {user.where}\n{user.code}"
+
+
 def placement_text(plan: Plan, index: int) -> str:
-    """A placement, ready to paste: the torch call when the manifest named it, then the HLO edits."""
+    """A placement's HLO edits, ready to paste (with the torch call first when a manifest named it and no
+    framework line could be written)."""
     p = plan.placements[index]
     lines = []
-    if p.torch is not None:
+    if p.torch is not None and (p.user is None or p.user.code is None):
         spec = ", ".join(repr(tuple(a)) if isinstance(a, list) else repr(a) for a in p.torch.partition_spec)
         lines.append("# inside the scanned layer function (torch_xla.distributed.spmd as xs)")
         lines.append(f"xs.{p.torch.call}(layer.{p.torch.parameter}, mesh, ({spec},))")

@@ -10,7 +10,11 @@ dim 1's by {0,2,4,6}, {1,3,5,7} (the tp classes). Given `--mesh tp=2,fsdp=4` ins
 major axis and its classes are {0..3}, {4..7}: dim 1 matches no axis, and the swapped order does.
 
 The check is conservative: it warns only when the given mesh leaves some dim unexplained and the
-same axes in another order, or with their sizes exchanged, explain every dim.
+same axes in another order, or with their sizes exchanged, explain every dim; or, when none of those
+does, a mesh of as few axes as can be, over the same devices, explains every dim: that mesh is what
+the shardings imply. Worked example: `--mesh fsdp=8` on the weights above explains neither dim (its
+one axis puts each device in a class of its own), and of the meshes of 8 devices, 4x2 is the one
+with fewest axes whose classes are {0,1}, {2,3}, ... and {0,2,4,6}, {1,3,5,7}: `fsdp=4,tp=2`.
 """
 
 from __future__ import annotations
@@ -71,11 +75,60 @@ def _unexplained(dims: set[Partition], mesh: Mesh) -> int:
 
 
 def mesh_warnings(module: HloModule, mesh: Mesh | None) -> list[str]:
-    """A warning when the module's shardings fit the mesh's axes in another order or with exchanged sizes."""
-    if mesh is None or len(mesh.shape) < 2 or math.prod(mesh.shape) != len(mesh.device_ids):
+    """A warning when the module's shardings fit the mesh's axes in another order or with exchanged sizes,
+    or else fit another mesh over the same devices, named."""
+    if mesh is None or math.prod(mesh.shape) != len(mesh.device_ids):
         return []
     dims = _dim_partitions(module)
     if not dims or _unexplained(dims, mesh) == 0:
+        return []
+    given = mesh.to_text()
+    swapped = _swapped(dims, mesh)
+    if swapped:
+        return swapped
+    implied = _implied(dims, mesh)
+    if implied is None:
+        return []
+    sizes = " x ".join(str(n) for n in implied.shape)
+    return [
+        f"mesh {given} does not fit the module's parameter shardings: they split the {len(mesh.device_ids)} "
+        f"devices {sizes} (major to minor), as mesh {implied.to_text()} does; pass that --mesh (naming its axes "
+        "as the step does) or shard the step for the mesh you meant"
+    ]
+
+
+# Axis names for a suggested mesh with more axes than the one given: the given names first, then these.
+_SPARE_NAMES = ("fsdp", "tp", "data", "seq", "expert", "stage")
+_MAX_AXES = 4
+
+
+def _implied(dims: set[Partition], mesh: Mesh) -> Mesh | None:
+    """The mesh of fewest axes (then the first in order of sizes, major to minor) over `mesh`'s devices
+    whose axes explain every sharded dim; None when no mesh of up to four axes does."""
+    n = len(mesh.device_ids)
+    for num_axes in range(1, _MAX_AXES + 1):
+        names = (*mesh.axis_names, *(a for a in _SPARE_NAMES if a not in mesh.axis_names))[:num_axes]
+        for sizes in _factorizations(n, num_axes):
+            candidate = Mesh(sizes, names, mesh.device_ids)
+            if _unexplained(dims, candidate) == 0:
+                return candidate
+    return None
+
+
+def _factorizations(n: int, num_factors: int) -> list[tuple[int, ...]]:
+    """Every ordered way of writing `n` as a product of `num_factors` factors of at least 2, largest first."""
+    if num_factors == 1:
+        return [(n,)] if n >= 2 else []
+    found = []
+    for first in range(n // 2, 1, -1):
+        if n % first == 0:
+            found += [(first, *rest) for rest in _factorizations(n // first, num_factors - 1)]
+    return found
+
+
+def _swapped(dims: set[Partition], mesh: Mesh) -> list[str]:
+    """The warning for a mesh whose axes, in another order or with their sizes exchanged, fit every dim."""
+    if len(mesh.shape) < 2:
         return []
     given = mesh.to_text()
     # Each axis keeping its size in another order first (a swapped order), then the sizes exchanged.

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from planner.plan.manifest import layer_relative
-from planner.plan.model import Plan
 from planner.units import format_bytes
 from scan_runtime.capture import capture_step
 from scan_runtime.client import PlannerClient, PlanResult, to_planner_mesh
@@ -66,11 +65,15 @@ def auto_plan(
 def plan_lines(result: PlanResult) -> list[str]:
     """What the client logs of a plan: its id, the change set and its predicted bytes, and, when the planner
     verified it (`PlannerClient(verify=True)`), what the compilers measured for the step without and with it."""
-    plan: Plan = result.plan
+    plan = result.plan
     hbm = plan.hbm
     change = plan.verdict.change_set_name if plan.verdict is not None else "no verdict"
     lines = [f"plan {result.plan_id} ({result.source}): {change}; HBM per chip {format_bytes(hbm.total_before)} -> "
              f"{format_bytes(hbm.total_after)} predicted"]  # fmt: skip
+    # Each recommended placement as the user would write it: what the client applies on the user's behalf.
+    for p in plan.placements:
+        if p.recommended and p.user is not None:
+            lines.append(f"  {p.user.summary}" + (f": {p.user.code}" if p.user.code else ""))
     v = plan.verification
     if v is not None:
         lines.append(f"verified by {v.xla}: {format_bytes(v.before_total_bytes)} -> "

@@ -187,7 +187,14 @@ def test_plan_command_reports_and_writes_the_patched_module(tmp_path: Path) -> N
         in text
     )
     assert "group 1: 8 members want 4 different shardings" in text
-    assert "[in the change set] pin while.953[8] and its gradient" in text
+    # Each placement in torch_xla's terms (the dump names no parameter: its shape and place say which), the
+    # HLO form as detail.
+    assert (
+        "[in the change set] pin the [1024,4096] parameter at while.953[8] and its gradient to ('fsdp', 'tp') "
+        "in the scanned layer" in text
+    )
+    assert "torch_xla: w = xs.mark_sharding_with_gradients(<the weight>, mesh, ('fsdp', 'tp'))" in text
+    assert "hlo: pin while.953[8] and its gradient" in text
     # The verdict comes first: fits or not, before and after, and the one change set.
     assert text.splitlines()[1:3] == [
         "  verdict: fits: 520.8 MiB per chip after the plan, 31.5 GiB to spare on 32.0 GiB; before 659.8 MiB",

@@ -167,6 +167,9 @@ def _plan_with_pins() -> Plan:
         p.torch = TorchPinInfo(
             parameter="d.weight", partition_spec=["fsdp", "tp"], shape=[1024, 4096], call="mark_sharding_with_gradients"
         )
+        # The spec a plan shows the user is the one the client applies: the same pin in the user's words.
+        if p.user is not None:
+            p.user = p.user.model_copy(update={"parameter": "d.weight", "partition_spec": ["fsdp", "tp"]})
     return plan
 
 

@@ -179,3 +179,58 @@ def test_the_form_plans_pasted_and_uploaded_hlo_and_keeps_pasted_text_on_error(s
                 "document.getElementById('form-error').innerText"
             )
             assert page.evaluate("document.getElementById('hlo').value") == bad
+
+
+# Each finding's split and each placement's line, as the page holds them at a laptop's width and a phone's.
+PLACEMENTS_AND_SPLITS = """(() => ({
+  scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth,
+  findings: document.querySelectorAll("#findings tr.finding").length,
+  splits: document.querySelectorAll("#findings tr.split-row svg.split:first-of-type").length,
+  causeSplits: document.querySelectorAll("#findings tr.split-row svg.split").length
+    - document.querySelectorAll("#findings tr.split-row").length,
+  placements: [...document.querySelectorAll("#placements .placement")].map((p) => ({
+    text: p.innerText,
+    code: (p.querySelector("pre.user-code") || {}).textContent || null,
+    copies: (p.querySelector("button.copy") || {dataset: {}}).dataset.target || null,
+  })),
+}))()"""
+
+JAX_STEP = REPO.parent / "shared" / "corpus" / "jax" / "jax_llama_scan_L8_fsdp4_tp2.hlo"
+STEPS = [
+    pytest.param(DEFAULT_DUMP, {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "xs.mark_sharding_with_gradients",
+                 id="torch_xla_8_chips"),
+    pytest.param(JAX_STEP, {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}, "jax.lax.with_sharding_constraint",
+                 id="jax_8_chips"),
+    pytest.param(LLAMA_405B, {"shape": [64, 4], "axis_names": ["fsdp", "tp"]}, "jax.lax.with_sharding_constraint",
+                 id="jax_256_chips"),
+]  # fmt: skip
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [1280, 420])
+@pytest.mark.parametrize("hlo,mesh,line", STEPS)
+def test_every_placement_has_its_line_and_every_finding_its_split_at_1280_and_420_px(
+    server: str, hlo: Path, mesh: dict, line: str, width: int
+) -> None:
+    record = post_json(f"{server}/plan", {"hlo": hlo.read_text(), "mesh": mesh, "chip": "v5p"})
+    plan = record["plan"]
+    name = f"plan_{hlo.stem[:24]}_{width}px.png"
+    with chromium() as browser, browser.page(f"{server}/plans/{record['id']}/view", width, VIEWPORT_HEIGHT) as page:
+        got = page.evaluate(PLACEMENTS_AND_SPLITS)
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(OUTPUT / name)
+    # No sideways scrolling at either width.
+    assert got["scrollWidth"] <= got["innerWidth"], (width, got["scrollWidth"])
+    # Every finding drawn against the mesh axes; every root cause's op drawn with its operands and result (the
+    # largest findings' pictures open, the rest a click away).
+    assert got["findings"] == len(plan["findings"]) > 0
+    assert got["splits"] == got["findings"]
+    assert got["causeSplits"] == sum(1 for f in plan["findings"] if f["root_cause"] and f["root_cause"]["result"])
+    # Every placement: the user's summary with a PartitionSpec, and a copy button for the framework's line.
+    assert len(got["placements"]) == len(plan["placements"]) > 0
+    for shown, p in zip(got["placements"], plan["placements"]):
+        user = p["user"]
+        assert user is not None and user["spec"] is not None, p["id"]
+        assert user["summary"] in shown["text"]
+        assert shown["code"] is not None and line in shown["code"] and user["spec"] in shown["code"]
+        assert shown["copies"] is not None and shown["copies"].startswith("placement-code-")

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from api import create_app
 from api.settings import Settings
 from api.timeline_view import timelines
-from api.views import MAX_CHIP_BARS, MESH_BOX, hbm_chart, mesh_grid
+from api.views import MAX_CHIP_BARS, MESH_BOX, hbm_chart, human_bytes, mesh_grid
 from planner import parse_hlo_file
 from planner.data import DEFAULT_DUMP
 from planner.mesh import Mesh
@@ -136,3 +136,20 @@ def test_timelines_share_one_scale_and_mark_each_peak() -> None:
         assert chart.before.points.count(" ") + 1 == len(series.live_bytes)
     # Plans stored before timelines existed have none: the page leaves the card out.
     assert timelines(plan.model_copy(update={"timeline_before": [], "timeline_after": []})) is None
+
+
+def test_hovering_a_timeline_names_what_runs_there_and_the_bytes_live() -> None:
+    plan = plan_on("fsdp=4,tp=2", 8)
+    drawn = timelines(plan)
+    assert drawn is not None
+    after = {s.computation: s for s in plan.timeline_after}
+    for chart, series in zip(drawn.charts, plan.timeline_before):
+        assert 0 < len(chart.strips) <= 80
+        # The strips tile the plot left to right, and the one at the peak says the peak's bytes.
+        assert chart.strips[0].x == drawn.plot_left
+        end = chart.strips[-1].x + chart.strips[-1].width
+        assert abs(end - drawn.plot_right) < 0.01
+        peak = max(series.live_bytes)
+        at_peak = [s.text for s in chart.strips if series.positions[series.peak_index] in s.text]
+        assert at_peak and any(f"before: {human_bytes(peak)} live" in t for t in at_peak), at_peak[:2]
+        assert all("after the plan: " in s.text for s in chart.strips) == (chart.computation in after)

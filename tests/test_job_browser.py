@@ -27,6 +27,7 @@ def test_a_405b_verify_job_shows_its_progress_then_its_plan_in_chromium(tmp_path
             assert r.status == 202
             job = json.loads(r.read())
         seen: list[tuple[float, str, str]] = []
+        ticks: list[tuple[int, str | None]] = []  # the page's elapsed seconds, and what it says runs now
         with chromium() as browser, browser.page(f"{server}{job['links']['view']}", 1200, 700) as page:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
@@ -39,6 +40,10 @@ def test_a_405b_verify_job_shows_its_progress_then_its_plan_in_chromium(tmp_path
                     if 0 < value < 1 and len([s for s in seen if 0 < s[0] < 1]) == 2:
                         OUTPUT.mkdir(parents=True, exist_ok=True)
                         page.screenshot(OUTPUT / "job_running.png")
+                clock = page.evaluate("document.getElementById('elapsed').textContent")
+                if state not in ("done", "failed"):
+                    ticks.append((int(clock.removesuffix(" s")), page.evaluate(
+                        "(document.getElementById('now') || {}).textContent || null")))  # fmt: skip
                 if state in ("done", "failed"):
                     break
                 time.sleep(0.1)
@@ -51,3 +56,6 @@ def test_a_405b_verify_job_shows_its_progress_then_its_plan_in_chromium(tmp_path
     assert len(running) >= 2 and [s[0] for s in seen] == sorted(s[0] for s in seen), seen
     assert any(m.startswith("XLA:CPU: compiling") for _, m, _ in running), seen
     assert seen[-1][0] == 1 and link and link.endswith("/view"), (seen, link)
+    # The elapsed time counted up while the job ran, beside the stage running then.
+    assert ticks[-1][0] - ticks[0][0] >= 10 and [t for t, _ in ticks] == sorted(t for t, _ in ticks), ticks[::50]
+    assert any(now is not None and now.startswith("XLA:CPU: compiling") for _, now in ticks)

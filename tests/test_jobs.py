@@ -203,3 +203,26 @@ def test_a_search_job_ranks_on_ray_and_stores_the_ranking(tmp_path: Path, monkey
         assert ranking["builder"] == "search_llama_jax:build" and len(rows) == 4
         assert rows[0]["compiled_bytes"] and not any(r["compiled_bytes"] for r in rows[1:])
         assert 'id="search"' in c.get(done["links"]["view"]).text
+
+
+def test_the_dashboard_form_s_verify_button_starts_a_job_and_shows_its_page(tmp_path: Path) -> None:
+    settings = Settings(db=f"sqlite:///{tmp_path / 'plans.sqlite3'}", jobs_per_token=1)
+    app = create_app(settings)
+    with TestClient(app) as c:
+        queue = RecordingQueue(app.state.jobs.jobs, settings)
+        app.state.jobs = queue
+        form = {"hlo": SMALL, "mesh": "fsdp=4,tp=2", "chip": "v6e", "action": "verify"}
+        answer = c.post("/", data=form, follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/jobs/")
+        job_id = answer.headers["location"].removeprefix("/jobs/").removesuffix("/view")
+        record = c.get(f"/jobs/{job_id}").json()
+        assert record["kind"] == "verify" and record["state"] in ("queued", "running")
+        assert queue.sent and queue.sent[0][0] == job_id
+        assert 'id="bar"' in c.get(answer.headers["location"]).text
+        # The quota holds for the form as for POST /jobs.
+        again = c.post("/", data=form, follow_redirects=False)
+        assert again.status_code == 429 and "quota" in again.text
+    with TestClient(create_app(Settings(db=f"sqlite:///{tmp_path / 'other.sqlite3'}"))) as c:
+        # HLO that does not parse is refused at once, the form back with the message.
+        bad = c.post("/", data={**form, "hlo": "HloModule m\n\nENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n"})
+        assert bad.status_code == 422 and "4:23: operand &#39;p&#39; of &#39;a&#39; is not defined" in bad.text

@@ -52,3 +52,22 @@ def test_storing_a_search_needs_the_token_when_one_is_set(store_url: str) -> Non
     assert client.post("/searches", json=REPORT.model_dump()).status_code == 401
     headers = {"Authorization": "Bearer secret"}
     assert client.post("/searches", json=REPORT.model_dump(), headers=headers).status_code == 200
+
+
+def test_a_search_far_below_capacity_is_drawn_to_its_own_scale_and_says_how_compiled_compares(store_url: str) -> None:
+    mib = 1 << 20
+    small = SearchReportBody(
+        builder="search_llama_jax:build_small",
+        rows=[SearchRow(candidate="fsdp=4,tp=2 remat=none microbatches=1 v6e", capacity_bytes=32 * GIB,
+                        predicted_after_bytes=int(16.5 * mib), headroom_bytes=32 * GIB - int(16.5 * mib),
+                        flops_per_batch=10**12, compiler="XLA:TPU (v6e:2x4)", compiled_bytes=int(61.3 * mib))],
+    )  # fmt: skip
+    client = TestClient(create_app(Settings(db=store_url)))
+    search_id = client.post("/searches", json=small.model_dump()).json()["id"]
+    page = client.get(f"/searches/{search_id}/view").text
+    # On a 64 GiB axis both would be under a pixel wide; on the candidates' own scale they are visible.
+    assert "every candidate is under half the chip&#39;s 32.0 GiB, which is off this scale" in page
+    assert 'id="capacity"' not in page
+    bar = float(page.split('<rect x="360" y="4" width="')[1].split('"')[0])
+    assert bar > 80
+    assert "XLA:TPU (v6e:2x4) allocates 61.3 MiB for the step with its plan: 3.7x the prediction" in page

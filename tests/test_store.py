@@ -45,7 +45,7 @@ def test_replicas_writing_the_same_plan_at_once_store_it_once(store_url: str) ->
     assert total == 1 and rows[0].id == "c" * 64
     assert replicas[1].patched_hlo("c" * 64) in {f"HloModule m{k}" for k in range(16)}
     with replicas[0].engine.connect() as db:
-        assert db.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
+        assert db.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0003"
     for r in replicas:
         r.close()
 
@@ -57,8 +57,10 @@ def test_a_sqlite_file_from_before_migrations_is_adopted_as_it_is(tmp_path: Path
         db.execute("INSERT INTO plans VALUES ('old', 1.0, 'm', NULL, NULL, 10, 5, 1, '{}', ?)", (b"",))
     store = PlanStore(path)
     assert store.get("old") is not None and store.recent(10, 0)[0] == 1
-    store.put("new", "{}", "HloModule m", SUMMARY)
-    assert store.recent(10, 0)[0] == 2
+    store.put("new", "{}", "HloModule m", {**SUMMARY, "chip": "v6e", "verdict": "fits"})
+    total, rows = store.recent(10, 0)
+    # Rows from before the chip and verdict columns list neither; new rows both.
+    assert total == 2 and {(r.id, r.chip, r.verdict) for r in rows} == {("new", "v6e", "fits"), ("old", None, None)}
     store.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
@@ -13,7 +14,8 @@ from api.deps import AuthDep, JobsDep, SettingsDep
 from api.job_models import JobList, JobRecord, JobRequest
 from api.job_store import FINISHED
 from api.models import ErrorDetail
-from api.routes.dashboard import templates
+from api.planning import check_parses
+from api.routes.dashboard import not_found, templates
 
 router = APIRouter()
 # How often an event stream looks at the job's row (any replica may be the one writing it).
@@ -22,8 +24,15 @@ POLL_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0
 
 
-@router.post("/jobs", status_code=202, response_model=JobRecord,
-             responses={401: {"model": ErrorDetail}, 422: {"model": ErrorDetail}, 429: {"model": ErrorDetail}},
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorDetail},
+    422: {"model": ErrorDetail, "description": "a body that does not validate, or HLO that does not parse (with "
+                                               "line and column)"},
+    429: {"model": ErrorDetail},
+}  # fmt: skip
+
+
+@router.post("/jobs", status_code=202, response_model=JobRecord, responses=_ERRORS,
              summary="Start a verify or search job; answers at once with its id")  # fmt: skip
 def post_job(body: JobRequest, caller: AuthDep, jobs: JobsDep, settings: SettingsDep) -> JSONResponse:
     active = jobs.jobs.active_for(caller)
@@ -33,6 +42,8 @@ def post_job(body: JobRequest, caller: AuthDep, jobs: JobsDep, settings: Setting
     if body.search is not None and body.search.builder not in settings.search_builders:
         allowed = ", ".join(settings.search_builders) or "none (SPMD_PLANNER_SEARCH_BUILDERS is empty)"
         raise HTTPException(422, f"step builder {body.search.builder!r} is not one this service runs: {allowed}")
+    if body.kind == "verify" and body.request is not None:
+        check_parses(body.request)
     job = jobs.submit(body.kind, body.payload(), caller)
     record = JobRecord.of(job)
     return JSONResponse(record.model_dump(mode="json"), status_code=202, headers={"Location": record.links.self})
@@ -87,4 +98,7 @@ async def _events(jobs: JobsDep, job_id: str) -> AsyncIterator[str]:
 
 @router.get("/jobs/{job_id}/view", response_class=HTMLResponse, include_in_schema=False)
 def view_job(request: Request, job_id: str, jobs: JobsDep) -> HTMLResponse:
-    return templates.TemplateResponse(request, "job.html", {"job": _found(jobs, job_id)})
+    job = jobs.jobs.get(job_id)
+    if job is None:
+        return not_found(request, "job", job_id)
+    return templates.TemplateResponse(request, "job.html", {"job": JobRecord.of(job)})

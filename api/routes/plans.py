@@ -12,10 +12,11 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from api.deps import AuthDep, SettingsDep, StoreDep, WorkersDep
-from api.models import ErrorDetail, MeshSpec, PlanPage, PlanRecord, PlanRequest, PlanSummary
+from api.models import REQUEST_SOURCE, ErrorDetail, MeshSpec, PlanPage, PlanRecord, PlanRequest, PlanSummary
 from api.planning import hlo_from_upload, plan_or_cached, record
 from api.worker import JobFailed
 from planner.memory import parse_byte_count
+from planner.memory.chips import check_hbm_bytes
 from planner.mesh import Mesh
 
 router = APIRouter()
@@ -29,7 +30,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorDetail, "description": "body or HLO text over the size limit"},
     422: {"model": ErrorDetail, "description": "HLO that does not parse (with line and column), or settings "
                                                "that do not fit the module"},
-    415: {"model": ErrorDetail, "description": "a body neither application/json nor a form"},
+    415: {"model": ErrorDetail, "description": "no body, or a body neither application/json nor a form"},
     500: {"model": ErrorDetail, "description": "the planner process died (the server keeps serving)"},
     504: {"model": ErrorDetail, "description": "planning took longer than the time limit"},
 }  # fmt: skip
@@ -87,14 +88,20 @@ async def read_plan_request(request: Request, limit: int) -> PlanRequest:
     try:
         if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
             return await _from_form(request, limit)
-        if kind in ("application/json", ""):
+        if kind == "application/json":
             return PlanRequest.model_validate_json(await request.body())
+        # A body without a content type is read as JSON; no body at all is answered 415 below.
+        if kind == "" and (body := await request.body()):
+            return PlanRequest.model_validate_json(body)
     except ValidationError as e:
         raise HTTPException(422, validation_message(e.errors())) from None
     except JobFailed:
         raise
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
+    if kind == "":
+        raise HTTPException(415, "the request has no body: send the plan request as application/json, or the HLO "
+                            "file as multipart/form-data (field `hlo_file`)")  # fmt: skip
     raise HTTPException(415, f"send application/json or multipart/form-data, not {kind!r}")
 
 
@@ -107,9 +114,9 @@ async def _from_form(request: Request, limit: int) -> PlanRequest:
     if data and str(pasted).strip():
         raise ValueError("the form has both an HLO file and pasted HLO text: give one")
     if data:
-        hlo = hlo_from_upload(data, limit)
+        hlo, source = hlo_from_upload(data, limit), _file_name(upload)
     elif str(pasted).strip():
-        hlo = str(pasted)
+        hlo, source = str(pasted), REQUEST_SOURCE
     else:
         raise ValueError("the form needs the HLO as a file field `hlo_file` (or text field `hlo`)")
     fields: dict[str, Any] = {"hlo": hlo, "options": {}}
@@ -120,9 +127,9 @@ async def _from_form(request: Request, limit: int) -> PlanRequest:
     # refused, not read as 32 bytes). JSON's `*_bytes` fields take plain integers.
     if text := _text(form, "chip"):
         # One box takes a preset name or a byte count (the dashboard's form has one).
-        fields["hbm_bytes" if text[0].isdigit() else "chip"] = parse_byte_count(text) if text[0].isdigit() else text
+        fields["hbm_bytes" if text[0].isdigit() else "chip"] = _hbm(text) if text[0].isdigit() else text
     if text := _text(form, "hbm_bytes"):
-        fields["hbm_bytes"] = parse_byte_count(text)
+        fields["hbm_bytes"] = _hbm(text)
     if text := _text(form, "manifest"):
         fields["manifest"] = json.loads(text)
     if text := _text(form, "threshold"):
@@ -131,12 +138,24 @@ async def _from_form(request: Request, limit: int) -> PlanRequest:
         fields["options"]["min_bytes"] = parse_byte_count(text)
     if text := _text(form, "verify"):
         fields["options"]["verify"] = text.lower() in ("1", "true", "on", "yes")
-    return PlanRequest.model_validate(fields)
+    return PlanRequest.model_validate(fields).named(source)
 
 
 def _text(form: Any, key: str) -> str | None:
     value = form.get(key)
     return value.strip() or None if isinstance(value, str) else None
+
+
+def _file_name(upload: Any) -> str:
+    """How messages name an uploaded file (`mydump.hlo:3:5: ...`): its name, without the folders a
+    browser may send with it."""
+    name = upload.filename if isinstance(upload, UploadFile) else None
+    return (name or "").replace("\\", "/").rsplit("/", 1)[-1] or "hlo_file"
+
+
+def _hbm(text: str) -> int:
+    """HBM per chip typed in a form (`32GiB`); one no chip has is refused, quoting what was typed."""
+    return check_hbm_bytes(parse_byte_count(text), text)
 
 
 def validation_message(errors: Sequence[Any], whole: str = "body") -> str:

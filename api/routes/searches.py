@@ -7,8 +7,8 @@ from fastapi.responses import HTMLResponse
 
 from api.deps import AuthDep, StoreDep
 from api.models import ErrorDetail, SearchRecord, SearchReportBody
-from api.routes.dashboard import templates
-from api.search_view import search_chart
+from api.routes.dashboard import not_found, templates
+from api.search_view import compiled_against_predicted, search_chart
 
 router = APIRouter()
 
@@ -21,10 +21,10 @@ def post_search(report: SearchReportBody, _: AuthDep, store: StoreDep) -> Search
     return SearchRecord(id=search_id, created_at=created, report=report)
 
 
-def _stored(store: StoreDep, search_id: str) -> SearchRecord:
+def _stored(store: StoreDep, search_id: str) -> SearchRecord | None:
     found = store.get_search(search_id)
     if found is None:
-        raise HTTPException(404, f"no search {search_id!r}")
+        return None
     created, report = found
     return SearchRecord(id=search_id, created_at=created, report=SearchReportBody.model_validate_json(report))
 
@@ -32,11 +32,21 @@ def _stored(store: StoreDep, search_id: str) -> SearchRecord:
 @router.get("/searches/{search_id}", response_model=SearchRecord, responses={404: {"model": ErrorDetail}},
             summary="A stored search's ranking")  # fmt: skip
 def get_search(search_id: str, store: StoreDep) -> SearchRecord:
-    return _stored(store, search_id)
+    record = _stored(store, search_id)
+    if record is None:
+        raise HTTPException(404, f"no search {search_id!r}")
+    return record
 
 
 @router.get("/searches/{search_id}/view", response_class=HTMLResponse, include_in_schema=False)
 def view_search(request: Request, search_id: str, store: StoreDep) -> HTMLResponse:
     record = _stored(store, search_id)
-    context = {"record": record, "rows": record.report.rows, "chart": search_chart(record.report.rows)}
+    if record is None:
+        return not_found(request, "search", search_id)
+    context = {
+        "record": record,
+        "rows": record.report.rows,
+        "chart": search_chart(record.report.rows),
+        "against": compiled_against_predicted,
+    }
     return templates.TemplateResponse(request, "search.html", context)

@@ -8,6 +8,7 @@ from typing import Any
 
 from planner.data import DEFAULT_DUMP
 from planner.memory import CHIPS, chip, parse_byte_count
+from planner.memory.chips import check_hbm_bytes
 from planner.mesh import Mesh
 
 
@@ -34,13 +35,14 @@ def bytes_arg(text: str) -> int:
 
 
 def capacity_arg(text: str) -> int:
-    """HBM per chip: a byte count with its unit, more than zero (a chip with no memory fits nothing)."""
+    """HBM per chip: a byte count with its unit, more than zero (a chip with no memory fits nothing) and at
+    most 1 PiB (more is a unit slip: `check_hbm_bytes`)."""
     if text.strip().startswith("-"):
         raise argparse.ArgumentTypeError(f"HBM per chip must be more than 0 bytes, got {text!r}")
-    capacity_bytes = bytes_arg(text)
-    if capacity_bytes <= 0:
-        raise argparse.ArgumentTypeError(f"HBM per chip must be more than 0 bytes, got {text!r}")
-    return capacity_bytes
+    try:
+        return check_hbm_bytes(bytes_arg(text), text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_module_file(p: Any) -> None:

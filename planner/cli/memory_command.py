@@ -13,13 +13,17 @@ from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.memory import memory_report, render_memory
 from planner.passes import Preparation
+from planner.plan.peak_holders import holder_names
+from planner.propagation import propagate
 from planner.targets import BACKENDS
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("memory", help="predict HBM per chip after sharding propagation")
     add_module_mesh_and_capacity(p)
-    p.add_argument("--top", type=int, default=10, help="how many of the largest live buffers to list")
+    p.add_argument(
+        "--top", type=int, default=10, help="how many of the buffers holding the peak to list, largest first"
+    )
     p.add_argument(
         "--backend",
         default=None,
@@ -38,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         # Like `plan --chip`: a chip preset predicts that chip's compiler unless --backend says otherwise.
         backend = args.backend or args.chip or "cpu"
         prepared = Preparation(backend, args.mesh).apply(module)
-        report = memory_report(prepared, capacity_of(args), args.top)
+        result = propagate(prepared)
+        # Stacked gradients named as the plan names them (`gradient of params['w_down']`).
+        report = memory_report(prepared, capacity_of(args), args.top, result, names=holder_names(prepared, result))
     except ValueError as e:
         print(f"spmd-planner: {e}", file=sys.stderr)
         return 2

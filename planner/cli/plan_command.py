@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.cli.arguments import add_module_mesh_and_capacity, bytes_arg, capacity_of, source_name
+from planner.cli.terminal_progress import terminal_progress
 from planner.data import DEFAULT_DUMP
 from planner.hlo.parser import parse_hlo, read_hlo_text
 from planner.hlo.printer import print_module
@@ -18,6 +19,8 @@ from planner.passes import Planning, Preparation
 from planner.plan.chip_groups import chip_groups
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
+from planner.plan.split_picture import split_art
+from planner.progress import note
 from planner.units import format_bytes
 
 # Chip groups with distinct numbers printed one per line; the rest are counted.
@@ -55,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     capacity = capacity_of(args)
     manifest = read_manifest(args.manifest) if args.manifest else None
     # A chip preset predicts that chip's compiler (its pipeline and its memory); without one, XLA:CPU's.
-    prepared = Preparation(args.chip or "cpu", args.mesh).apply(module)
-    plan, patched = Planning(capacity, args.threshold, args.min_bytes, manifest, args.verify).apply(prepared)
+    with terminal_progress():
+        note(f"preparing the module as {args.chip or 'cpu'}'s compiler takes it")
+        prepared = Preparation(args.chip or "cpu", args.mesh).apply(module)
+        plan, patched = Planning(capacity, args.threshold, args.min_bytes, manifest, args.verify).apply(prepared)
     if args.write_patched:
         try:
             args.write_patched.write_text(print_module(patched))
@@ -96,12 +101,20 @@ def render_plan(plan: Plan) -> str:
         )
         parameter = f" (parameter {f.matched_parameter})" if f.matched_parameter else ""
         lines.append(f"      now {f.current_sharding}; ideal {f.ideal_sharding or 'an even split'}{parameter}")
+        if f.split is not None:
+            lines.append(f"      split over mesh {f.split.mesh}:")
+            rows = [("now", f.split.now)] + ([("planned", f.split.planned)] if f.split.planned is not None else [])
+            lines.extend(f"        {row}" for row in split_art(rows))
         if f.root_cause is not None:
             cause = f.root_cause
             dropped = ", ".join(cause.dropped_axes) or "an axis"
             lines.append(f"      root cause: {cause.instruction} ({cause.opcode}) drops {dropped}: {cause.notation}")
             if cause.source:
                 lines.append(f"        at {cause.source}")
+            if cause.result is not None and cause.operands:
+                joint = "." if cause.opcode in ("dot", "convolution") else ","
+                drawn = [(joint if k else "", o) for k, o in enumerate(cause.operands)] + [("->", cause.result)]
+                lines.extend(f"        {row}" for row in split_art(drawn))
         if f.compiler_only is not None:
             lines.append(f"      {f.compiler_only}")
     if plan.conflicts:
@@ -116,12 +129,23 @@ def render_plan(plan: Plan) -> str:
     lines.append(f"  placements: {len(plan.placements)}")
     for p in plan.placements:
         mark = "in the change set" if p.recommended else "alternative, not recommended"
-        lines.append(f"    [{mark}] {p.summary}" + (f" ({', '.join(p.names)})" if p.names else ""))
+        user = p.user
+        if user is not None:
+            lines.append(f"    [{mark}] {user.summary}")
+            if user.code is not None:
+                lines.append(f"      {user.framework}: {user.code}")
+            lines.append(f"        {user.where}")
+            if user.missing is not None:
+                lines.append(f"        no {user.framework} line: {user.missing}")
+        else:
+            lines.append(f"    [{mark}] {p.summary}" + (f" ({', '.join(p.names)})" if p.names else ""))
         lines.append(f"      {p.why}")
-        if p.torch is not None:
+        if p.torch is not None and p.torch.call != "mark_sharding_with_gradients" and user is None:
             lines.append(
                 f"      torch: {p.torch.call}(<layer>.{p.torch.parameter}, mesh, {tuple(p.torch.partition_spec)})"
             )
+        if user is not None:
+            lines.append(f"      hlo: {p.summary}")
         for a in p.annotations:
             if a.shard_as is not None:
                 lines.append(f"      hlo: {a.instruction} in {a.computation} -> shard_as group {a.shard_as}")
@@ -142,7 +166,14 @@ def _render_verdict(plan: Plan) -> list[str]:
     v = plan.verdict
     if v is not None:
         lines.append(f"  verdict: {v.summary}")
-        lines.append(f"  recommended: {v.change_set_name}; saves {format_bytes(v.saves_bytes)} per chip (worst chip)")
+        saves = f"saves {format_bytes(v.saves_bytes)} per chip (worst chip)"
+        chosen = [p for p in plan.placements if p.id in v.change_set]
+        if len(chosen) > 1 and not any(a.recommended for a in plan.alternatives):
+            # A change set of several named placements reads one per line.
+            lines.append(f"  recommended: {len(chosen)} placements; {saves}")
+            lines.extend(f"    {p.user.summary if p.user is not None else p.summary}" for p in chosen)
+        else:
+            lines.append(f"  recommended: {v.change_set_name}; {saves}")
     capacity = f" of {format_bytes(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""
     compiler = "" if hbm.backend == "cpu" else f", as {hbm.backend}'s compiler allocates it"
     lines.append(

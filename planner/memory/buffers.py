@@ -76,6 +76,21 @@ class Buffer:
     end: int = 0
     loop: str | None = None  # the While whose carried tuple holds it
     values: list[Value] = field(default_factory=list)
+    # What each device holds when it is not `shape`'s shard under `sharding` (a bf16 value XLA:CPU keeps
+    # in f32, a partitioner's gathered operand), and why; `size_bytes` is `held.byte_size` unless `note`
+    # says otherwise.
+    stored: ArrayShape | None = None
+    note: str | None = None
+
+    @property
+    def held(self) -> ArrayShape:
+        """The per-device array: f32[8,1024,4096] under {devices=[1,4,2]<=[8]} holds f32[8,256,2048]."""
+        if self.stored is not None:
+            return self.stored
+        sharding = self.sharding
+        if sharding is None or sharding.kind is not Kind.TILED:
+            return self.shape
+        return ArrayShape(self.shape.element_type, sharding.shard_shape(self.shape.dims), layout=self.shape.layout)
 
     @property
     def is_stacked(self) -> bool:

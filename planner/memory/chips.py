@@ -14,7 +14,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from planner.units import format_bytes
+
 GIB = 1 << 30
+# HBM per chip beyond 1 PiB is refused: the largest chips hold under 200 GB, so a capacity five thousand
+# times that is a unit slip (`80TB` typed for `80GB`), and every step would "fit" it.
+MAX_HBM_BYTES = 1 << 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,20 @@ def chip(name: str) -> Chip:
         return CHIPS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown chip {name!r}; known: {', '.join(CHIPS)}") from None
+
+
+def check_hbm_bytes(hbm_bytes: int, given: str | None = None) -> int:
+    """HBM per chip as a user gave it, returned when it is more than 0 bytes and at most 1 PiB
+    (`MAX_HBM_BYTES`); `given` is how they wrote it (`1000000TB`), for the message."""
+    if hbm_bytes <= 0:
+        raise ValueError(f"HBM per chip must be more than 0 bytes, got {hbm_bytes if given is None else repr(given)}")
+    shown = given if given is not None else f"{hbm_bytes:,} bytes"
+    if hbm_bytes > MAX_HBM_BYTES:
+        raise ValueError(
+            f"HBM per chip of {shown} ({format_bytes(hbm_bytes)}) is more than 1 PiB, far beyond any chip "
+            "(the largest hold under 200 GB): a unit slip? (e.g. 80GB, 32GiB)"
+        )
+    return hbm_bytes
 
 
 def parse_byte_count(text: str) -> int:

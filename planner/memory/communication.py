@@ -63,6 +63,9 @@ class Span:
     kind: str  # one of SPAN_KINDS
     shape: ArrayShape  # the dot's: its element type is the one the backend computes in
     operand: str | None = None  # what a gather gathers
+    # What each device holds, as one array (before the backend widens it): the gathered operand's or the
+    # result's per-device shape, a windowed einsum's shards stacked; `size_bytes` is its size.
+    held: ArrayShape | None = None
 
     def __post_init__(self) -> None:
         assert self.kind in SPAN_KINDS, self.kind
@@ -116,22 +119,26 @@ def communication_buffers(
             if window is not None:
                 looped = inst.operands[window.operand] if window.operand is not None else None
                 if looped is None or sharing[(looped, plan.operand_bytes[window.operand or 0])] == 1:
-                    spans.append(Span(pos, pos, window.size_bytes, inst.name, "windowed einsum", shape, looped))
+                    spans.append(Span(pos, pos, window.size_bytes, inst.name, "windowed einsum", shape, looped,
+                                      window.held))  # fmt: skip
                     continue
-            for operand, need in zip((lhs, rhs), plan.operand_bytes):
+            for operand, need, dims in zip((lhs, rhs), plan.operand_bytes, plan.operand_shard_shapes):
                 if need > per_device_bytes(operand.array_shape, sharding_of(result, operand.name)):
                     key = (operand.name, need)
                     earlier = gathers.get(key)
                     start = earlier.start if earlier else (0 if operand.name in invariant else positions[operand.name])
-                    gathers[key] = Span(start, pos, need, inst.name, "gathered", shape, operand.name)
-            if plan.result_bytes > per_device_bytes(shape, output):
-                spans.append(Span(pos, pos, plan.result_bytes, inst.name, "result before reduction", shape))
+                    gathered = replace(operand.array_shape, dims=dims, dynamic=())
+                    gathers[key] = Span(start, pos, need, inst.name, "gathered", shape, operand.name, gathered)
+            whole = replace(shape, dims=plan.result_shard_shape, dynamic=())
+            result_bytes = plan.result_bytes
+            if result_bytes > per_device_bytes(shape, output):
+                spans.append(Span(pos, pos, result_bytes, inst.name, "result before reduction", shape, None, whole))
                 if plan.partial and not backend.all_reduces_in_place:
                     # Partial sums: the all-reduce writes a second buffer before the result is sliced.
-                    spans.append(Span(pos, pos, plan.result_bytes, inst.name, "all-reduced result", shape))
+                    spans.append(Span(pos, pos, result_bytes, inst.name, "all-reduced result", shape, None, whole))
             elif plan.partial:
                 # Partial sums the all-reduce turns into the result: the dot writes them first.
-                spans.append(Span(pos, pos, plan.result_bytes, inst.name, "partial sums", shape))
+                spans.append(Span(pos, pos, result_bytes, inst.name, "partial sums", shape, None, whole))
         if early and spans and backend.compiler != "tpu":
             # XLA:CPU interleaves the layer's weight-gradient partial sums with its gathered weights: a
             # weight's gather stays live until the last partial sum of the body has been reduced (XLA:GPU's

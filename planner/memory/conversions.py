@@ -19,6 +19,7 @@ from planner.memory.buffers import (
     sharding_of,
 )
 from planner.propagation import PropagationResult
+from planner.sharding.hlo_sharding import HloSharding
 from planner.targets import Backend
 
 # Ops that move or relabel a value's elements without computing on them (and Sharding annotations,
@@ -116,7 +117,17 @@ def widened_bytes(size_bytes: int, shape: ArrayShape, target: Backend) -> int:
 def hoisted_conversions(
     module: HloModule, result: PropagationResult, computations: list[str]
 ) -> list[tuple[Instruction, ArrayShape, int, str]]:
-    """(While, element, bytes, label) for each half-float loop-invariant element XLA:CPU converts whole before the loop.
+    """(While, element, bytes, label) for each half-float loop-invariant element XLA:CPU converts whole before the loop
+    (`hoisted_conversion_elements`, without the element's sharding)."""
+    found = hoisted_conversion_elements(module, result, computations)
+    return [(loop, leaf, size, label) for loop, leaf, _, size, label in found]
+
+
+def hoisted_conversion_elements(
+    module: HloModule, result: PropagationResult, computations: list[str]
+) -> list[tuple[Instruction, ArrayShape, HloSharding | None, int, str]]:
+    """(While, element, its sharding, bytes, label) for each half-float loop-invariant element XLA:CPU converts
+    whole before the loop.
 
     XLA:CPU computes bf16 work in f32: float normalization converts the element a body slices to f32
     whole (the slice with it), and, the element being loop-invariant, while-loop-invariant code motion
@@ -128,7 +139,7 @@ def hoisted_conversions(
     257.6 (842.3 -> 584.7) vs 265.6. An element only passed along or written into is not converted;
     remat's opt-barrier passes the slice through.
     """
-    found = []
+    found: list[tuple[Instruction, ArrayShape, HloSharding | None, int, str]] = []
     for comp_name in computations:
         for loop in module.computation(comp_name).instructions:
             if loop.opcode != "while":
@@ -144,7 +155,7 @@ def hoisted_conversions(
                     continue
                 if _sliced_into_f32_work(body, index):
                     size = per_device_bytes(leaf, shardings[index])
-                    found.append((loop, leaf, size, f"{loop.name}[{index}] converted to f32"))
+                    found.append((loop, leaf, shardings[index], size, f"{loop.name}[{index}] converted to f32"))
     return found
 
 

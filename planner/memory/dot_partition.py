@@ -59,6 +59,9 @@ class DotPartition:
     gathered_over: tuple[frozenset[Grouping], frozenset[Grouping]] = (frozenset(), frozenset())
     reduced_over: frozenset[Grouping] = frozenset()
     flops: int = 0  # per device: 2 x result elements x contracted elements, as the partition computes them
+    # The per-device shapes behind `operand_bytes` and `result_bytes`.
+    operand_shard_shapes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    result_shard_shape: tuple[int, ...] = ()
 
 
 def partition_dot(
@@ -93,12 +96,13 @@ def partition_dot(
                 continue
             used.add(axis_grouping(sharding, d) if own == wanted else wanted)  # type: ignore[arg-type]
             result[o] = max(result[o], splits[k][d])
-    operand_bytes = tuple(
-        shape.bytes_for_dims(tuple(-(-n // t) for n, t in zip(shape.dims, split)))
-        for shape, split in zip(shapes[:2], splits)
+    operand_shard_shapes = tuple(
+        tuple(-(-n // t) for n, t in zip(shape.dims, split)) for shape, split in zip(shapes[:2], splits)
     )
+    operand_bytes = tuple(shape.bytes_for_dims(dims) for shape, dims in zip(shapes[:2], operand_shard_shapes))
     out_shape = shapes[2]
-    result_bytes = out_shape.bytes_for_dims(tuple(-(-n // t) for n, t in zip(out_shape.dims, result)))
+    result_shard_shape = tuple(-(-n // t) for n, t in zip(out_shape.dims, result))
+    result_bytes = out_shape.bytes_for_dims(result_shard_shape)
     gathered = tuple(
         frozenset(
             g
@@ -120,4 +124,6 @@ def partition_dot(
         (gathered[0], gathered[1]),
         frozenset(contracting),
         2 * result_elements * contracted,
+        (operand_shard_shapes[0], operand_shard_shapes[1]),
+        result_shard_shape,
     )

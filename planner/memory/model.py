@@ -27,9 +27,9 @@ from planner.memory.buffers import (
     per_device_bytes,
     sharding_of,
 )
-from planner.memory.communication import communication_buffers
+from planner.memory.communication import Span, communication_buffers
 from planner.memory.conversions import (
-    hoisted_conversions,
+    hoisted_conversion_elements,
     read_at_half_precision,
     read_only_by_dots,
     updating_dot,
@@ -65,6 +65,12 @@ class MemoryEstimate:
     scheduled: HloModule | None = None
     # (computation, instruction) computed inside its consumers by fusion (`ValueModel.fused`).
     fused: frozenset[tuple[str, str]] = frozenset()
+    # Every temporary live at the peak, largest first: the entry's (`peak_buffers`) and, at a While there, its
+    # body's at the body's own peak (a nested While's likewise). Their bytes add up to temp_bytes + on_chip_bytes.
+    peak_temporaries: list[Buffer] = field(default_factory=list)
+    # One per root leaf that holds bytes of its own (a donated parameter's output holds none), and the root
+    # tuple's table of pointers: their bytes add up to output_bytes - alias_bytes.
+    outputs: list[Buffer] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -138,12 +144,18 @@ def _estimate_in_order(
     # (computation, dot) writing a half-float stacked buffer, and the f32 buffer XLA:CPU may accumulate it in.
     accumulators: list[tuple[tuple[str, str], int, str, ArrayShape, HloSharding | None, int]] = []
     body_peaks: dict[str, int] = {}
+    by_key: dict[Value, Buffer] = {}
     for key, members in groups.items():
         allocating = [v for v in members if v in model.allocating]
         if not allocating:
             continue
         size = max(model.size[v] for v in allocating)
         first = allocating[0]
+        # The buffer is as large as its largest value (a carried element resharded inside its loop).
+        largest = max(allocating, key=lambda v: model.size[v])
+        stored, note = None, None
+        if model.size[largest] != model.size[first]:
+            stored, note = _held(*model.info[largest]), f"sized by its largest value, {largest[1]}"
         # A loop-carried buffer is best known by its place in the loop's tuple.
         carried = [v for v in allocating if v in model.loop_of]
         label = f"{carried[0][1]}[{carried[0][2]}]" if carried else first[1]
@@ -159,7 +171,8 @@ def _estimate_in_order(
         half_float = backend.widens_half_floats and shape.element_type in ("bf16", "f16")
         dot = updating_dot(module, members) if half_float and loop is not None else None
         if category == "temporary":
-            size = widened_bytes(size, shape, backend)
+            if widened_bytes(size, shape, backend) != size:
+                size, stored, note = 2 * size, _as_f32(stored or _held(shape, sharding)), WIDENED
         elif (
             category == "loop-carried"
             and dot is not None
@@ -168,6 +181,7 @@ def _estimate_in_order(
             # A dot result one loop saves for another (the forward's residual for the backward):
             # XLA:CPU stores the f32 product, the conversion moved past the update.
             size *= 2
+            stored, note = _as_f32(stored or _held(shape, sharding)), "XLA:CPU saves the dot's f32 product"
         elif (
             category == "loop-carried"
             and backend.narrows_f32_dot_operands
@@ -175,6 +189,9 @@ def _estimate_in_order(
             and read_only_by_dots(module, members)
         ):
             size //= 2
+            shard = stored or _held(shape, sharding)
+            stored = ArrayShape("bf16", shard.dims, layout=shard.layout)
+            note = "XLA:TPU keeps an f32 value only dots read in bf16"
         device = sharding.device if sharding is not None and sharding.kind is Kind.MAXIMAL else None
         entry_members = [v for v in members if v[0] == entry.name]
         start = min((positions[v[1]] for v in entry_members), default=-1)
@@ -184,14 +201,16 @@ def _estimate_in_order(
                 if reads_leaf(entry, entry[user], v[2]):
                     end = max(end, entry_reads_end[user])
         buffer = Buffer(
-            len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members
-        )
+            len(buffers), size, label, first[0], shape, sharding, category, device, start, end, loop, members,
+            stored, note,
+        )  # fmt: skip
         if dot is not None and loop in positions:
             accumulators.append((dot, 2 * size, f"{label} accumulated in f32", shape, sharding, positions[loop]))
         if start < 0:
             # Local to a While body: counted in that body's own peak.
             body_peaks.setdefault(first[0], 0)
         buffers.append(buffer)
+        by_key[key] = buffer
         loops = sorted({positions[model.loop_of[v]] for v in members if model.loop_of.get(v) in positions})
         if (
             category == "parameter"
@@ -204,8 +223,11 @@ def _estimate_in_order(
             # XLA:TPU converts it once before the first loop and the loops carry the bf16 copy (Mistral
             # 7B from MaxText: one bf16 copy per stacked MLP weight, half its size, live from the forward
             # loop to the end of the backward loop).
+            shard = _held(shape, sharding)
             buffers.append(Buffer(len(buffers), size // 2, f"{label} at half precision", entry.name, shape,
-                                  sharding, "temporary", device, loops[0], loops[-1]))  # fmt: skip
+                                  sharding, "temporary", device, loops[0], loops[-1],
+                                  stored=ArrayShape("bf16", shard.dims, layout=shard.layout),
+                                  note="XLA:TPU's bf16 copy for the loops"))  # fmt: skip
     # Buffers the SPMD partitioner adds around dots: gathered operands, unreduced results.
     communication = communication_buffers(module, result, model.walk_order(), backend)
     reduced = {(comp, span.dot) for comp, spans in communication.items() for span in spans
@@ -214,31 +236,37 @@ def _estimate_in_order(
         # XLA:CPU reduces a dot's partial sums in f32; the stacked buffer the reduced slices are written
         # into is then accumulated in f32 through the loop and converted once the loop is done.
         if dot in reduced:
-            buffers.append(Buffer(len(buffers), size, label, entry.name, shape, sharding, "temporary", None, at, at))
+            buffers.append(Buffer(len(buffers), size, label, entry.name, shape, sharding, "temporary", None, at, at,
+                                  stored=_as_f32(_held(shape, sharding)), note=WIDENED))  # fmt: skip
     for span in communication.get(entry.name, []):
-        size = widened_bytes(span.size_bytes, span.shape, backend)
-        buffers.append(Buffer(len(buffers), size, span.label, entry.name, span.shape, None, "temporary", None,
-                              span.start, span.end))  # fmt: skip
+        buffers.append(_span_buffer(len(buffers), span, entry.name, span.start, span.end, backend))
     if backend.widens_half_floats:
-        for loop_inst, leaf, size, label in hoisted_conversions(module, result, model.walk_order()):
+        for loop_inst, leaf, sharding, size, label in hoisted_conversion_elements(module, result, model.walk_order()):
             if loop_inst.name in positions:
                 at = positions[loop_inst.name]
-                buffers.append(Buffer(len(buffers), size, label, entry.name, leaf, None, "temporary", None, at, at))
+                buffers.append(Buffer(len(buffers), size, label, entry.name, leaf, sharding, "temporary", None, at, at,
+                                      note="what its f32 copy adds to the bf16 element"))  # fmt: skip
     # Body-local temporaries: their peak adds at the While's position, in the entry or in the body the
-    # While is nested in. Innermost bodies first, so each outer body's peak holds its nested ones.
+    # While is nested in. Innermost bodies first, so each outer body's peak holds its nested ones. What
+    # holds each body's peak (its buffers live there, its nested Whiles' holders) is kept for the report.
+    body_held: dict[str, list[Buffer]] = {}
     for comp_name in _innermost_first(module, model.body_of):
         local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
-        transient = [
-            (span.start, span.end, widened_bytes(span.size_bytes, span.shape, backend))
-            for span in communication.get(comp_name, [])
-        ]
+        spans = communication.get(comp_name, [])
+        made = [_span_buffer(-1, span, comp_name, -1, -1, backend) for span in spans]
+        transient = [(span.start, span.end, b.size_bytes) for span, b in zip(spans, made)]
         comp = module.computation(comp_name)
         nested = _nested_peaks(comp, body_peaks, model.body_of)
         if local or transient or nested:
-            body_peaks[comp_name] = _local_peak(comp, local, transient, nested, model.fused)
+            body_peaks[comp_name], position, live = _local_peak(comp, local, transient, nested, model.fused)
+            own = made + local
+            body_held[comp_name] = [own[k] for k in live] + _nested_held(comp, position, body_held, model.body_of)
     extra_at = _nested_peaks(entry, body_peaks, model.body_of)
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
-    peak, peak_position = peak_of_spans([(b.start, b.end, b.size_bytes) for b in temps], end_position, extra_at)
+    entry_spans = [(b.start, b.end, b.size_bytes) for b in temps]
+    peak, peak_position = peak_of_spans(entry_spans, end_position, extra_at)
+    peak_temporaries = [temps[k] for k in live_at(entry_spans, peak_position, end_position)]
+    peak_temporaries += _nested_held(entry, peak_position, body_held, model.body_of)
     # What on-chip memory holds at the peak is not HBM.
     on_chip = min(peak, backend.alternate_memory_bytes)
     peak -= on_chip
@@ -258,6 +286,8 @@ def _estimate_in_order(
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
                               on_chip_bytes=on_chip, body_peak_bytes=body_peaks,
                               fused=frozenset(model.fused))  # fmt: skip
+    estimate.peak_temporaries = sorted(peak_temporaries, key=lambda b: -b.size_bytes)
+    estimate.outputs = _output_buffers(entry, root_keys, root_shardings, by_key, model.outputs_in_parameters)
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
     outputs = [
         (per_device_bytes(leaf, s), s.device if s is not None and s.kind is Kind.MAXIMAL else None)
@@ -265,6 +295,72 @@ def _estimate_in_order(
     ]
     estimate.per_chip_bytes = _per_chip(estimate, devices, outputs)
     return estimate
+
+
+WIDENED = "XLA:CPU computes bf16 work in f32"
+
+
+def _held(shape: ArrayShape, sharding: HloSharding | None) -> ArrayShape:
+    """The per-device array of `shape` under `sharding`."""
+    if sharding is None or sharding.kind is not Kind.TILED:
+        return shape
+    return ArrayShape(shape.element_type, sharding.shard_shape(shape.dims), layout=shape.layout)
+
+
+def _as_f32(array: ArrayShape) -> ArrayShape:
+    return ArrayShape("f32", array.dims, layout=array.layout)
+
+
+def _span_buffer(id: int, span: Span, computation: str, start: int, end: int, backend: Backend) -> Buffer:
+    """A buffer the partitioner adds (`communication_buffers`), as the backend allocates it. It exists only
+    per device: its shape is the per-device one, with no sharding."""
+    size = widened_bytes(span.size_bytes, span.shape, backend)
+    shape = span.held if span.held is not None else span.shape
+    stored: ArrayShape | None = None
+    note = None if span.held is not None else "its per-device shape is not modelled"
+    if size != span.size_bytes:
+        stored, note = _as_f32(shape), WIDENED
+    return Buffer(id, size, span.label, computation, shape, None, "temporary", None, start, end,
+                  stored=stored, note=note)  # fmt: skip
+
+
+def _nested_held(
+    comp: Computation, position: int, body_held: dict[str, list[Buffer]], body_of: dict[str, Instruction]
+) -> list[Buffer]:
+    """What the bodies (and conditions) of a While at `position` in `comp` hold at their own peaks."""
+    if not 0 <= position < len(comp.instructions):
+        return []
+    at = comp.instructions[position]
+    return [b for body, held in body_held.items() if body_of.get(body) is at for b in held]
+
+
+def _output_buffers(
+    entry: Computation,
+    root_keys: list[Value],
+    root_shardings: list[HloSharding | None],
+    by_key: dict[Value, Buffer],
+    aliased: set[int],
+) -> list[Buffer]:
+    """`MemoryEstimate.outputs`: each root leaf, named by the buffer it is (or is copied from)."""
+    leaves = array_leaves(entry.root.shape)
+    found = []
+    for k, (leaf, s) in enumerate(zip(leaves, root_shardings)):
+        if k in aliased:
+            continue
+        source = by_key.get(root_keys[k])
+        label, loop, values = f"{entry.root_name}[{k}]", None, []
+        if source is not None:
+            # A parameter, or a value returned twice, is copied into an output buffer of its own.
+            label = source.defined_by if source.category == "output" else f"copy of {source.defined_by}"
+            loop, values = source.loop, source.values
+        device = s.device if s is not None and s.kind is Kind.MAXIMAL else None
+        found.append(Buffer(-1, per_device_bytes(leaf, s), label, entry.name, leaf, s, "output", device, -1, -1,
+                            loop, values))  # fmt: skip
+    if isinstance(entry.root.shape, TupleShape):
+        table = ArrayShape("u64", (len(leaves),))
+        found.append(Buffer(-1, table.byte_size, entry.root_name, entry.name, table, None, "output",
+                            note="the output tuple's table of pointers, one per element"))  # fmt: skip
+    return found
 
 
 def _innermost_first(module: HloModule, body_of: dict[str, Instruction]) -> list[str]:
@@ -299,15 +395,17 @@ def _local_peak(
     transient: list[tuple[int, int, int]],
     nested: dict[int, int],
     fused: set[tuple[str, str]] | frozenset[tuple[str, str]],
-) -> int:
-    """The body's peak of its own buffers, the partitioner's (start, end, bytes) spans and, at each
-    While nested in it, that While's body peak."""
+) -> tuple[int, int, list[int]]:
+    """(bytes, position, live): the body's peak of its own buffers, the partitioner's (start, end, bytes)
+    spans and, at each While nested in it, that While's body peak; where it is; and which of the spans,
+    then the buffers, are live there (by index into `transient + buffers`)."""
     positions = {inst.name: i for i, inst in enumerate(comp.instructions)}
     ends = read_ends(comp, fused, positions)
     spans = list(transient)
     for b in buffers:
         spans.append((*body_span(comp, positions, b, ends), b.size_bytes))
-    return peak_of_spans(spans, len(comp.instructions), nested)[0]
+    peak, position = peak_of_spans(spans, len(comp.instructions), nested)
+    return peak, position, live_at(spans, position, len(comp.instructions))
 
 
 def body_span(comp: Computation, positions: dict[str, int], buffer: Buffer, ends: dict[str, int]) -> tuple[int, int]:
@@ -345,6 +443,15 @@ def peak_of_spans(
         if here > peak:
             peak, position = here, p
     return peak, position
+
+
+def live_at(spans: list[tuple[int, int, int]], position: int, num_positions: int) -> list[int]:
+    """The spans (start, end, bytes) `peak_of_spans` counts at `position`, by index."""
+    return [
+        k
+        for k, (start, end, _) in enumerate(spans)
+        if start <= end and start < num_positions and max(start, 0) <= position <= min(end, num_positions - 1)
+    ]
 
 
 def _num_devices(result: PropagationResult) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from planner.chip_labels import chips_text
 from planner.hlo.ir import HloModule
 from planner.memory.buffers import Buffer, array_leaves, leaf_shardings, per_device_bytes, sharding_of
 from planner.memory.estimation import estimate_memory
+from planner.memory.holders import holders_at_peak
 from planner.memory.model import MemoryEstimate
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult, propagate
@@ -25,13 +27,21 @@ from planner.units import format_bytes
 
 @dataclass(frozen=True)
 class BufferLine:
-    instruction: str
+    """One holder of the peak (`planner.memory.holders`), as text at the edge."""
+
+    instruction: str  # the buffer as the model names it: an instruction, or a loop element `while.953[30]`
     computation: str
-    category: str
-    shape: str
+    category: str  # the memory model's: parameter, output, loop-carried or temporary
+    shape: str  # the value's, all devices together (a partitioner's buffer: its per-device one)
     sharding: str
     per_device_bytes: int
     stacked: bool
+    kind: str = "temporaries"  # what holds it (`holders.KINDS`)
+    name: str | None = None  # the user's name, or what the buffer is of one (`gradient of params['wq']`)
+    shard_shape: tuple[int, ...] = ()  # per device, as held
+    held: str = ""  # the per-device array as held: per_device_bytes is its size unless `note` says otherwise
+    note: str | None = None
+    text: str = ""  # the holder in words, as the plan's peak holders name it (without its bytes)
 
 
 @dataclass(frozen=True)
@@ -67,8 +77,11 @@ class MemoryReport:
     capacity_bytes: int | None
     # Bytes live at the peak, by what holds them.
     breakdown: dict[str, int]
+    # The largest of the buffers holding the peak (`holders_at_peak`): parameters, outputs, temporaries.
     top_buffers: tuple[BufferLine, ...]
     backend: str = "cpu"
+    # How many buffers hold the peak: `top_buffers` are the largest of them.
+    num_holders: int = 0
     unmodelled: tuple[Unmodelled, ...] = ()
     error_band: ErrorBand | None = None
 
@@ -99,15 +112,18 @@ def memory_report(
     top: int = 10,
     result: PropagationResult | None = None,
     estimate: MemoryEstimate | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> MemoryReport:
     """Size every chip of the prepared module for its target (propagating first unless `result` is given).
 
     The target is `cpu` for XLA:CPU, or a chip preset (v6e, v5p, ...) for the compiler that chip
-    runs; `estimate`, when given, is `estimate_memory(prepared, result)` already made.
+    runs; `estimate`, when given, is `estimate_memory(prepared, result)` already made. `top` of the
+    buffers holding the peak are listed; `names` names stacked gradients by their buffer
+    (`while.1044[4]` -> `params['w_down']`, as `planner.plan.peak_holders.holder_names` finds them).
     """
     result = result if result is not None else propagate(prepared)
     estimate = estimate if estimate is not None else estimate_memory(prepared, result)
-    return _report(prepared, estimate, capacity_bytes, top, _unmodelled(prepared.module, result))
+    return _report(prepared, estimate, capacity_bytes, top, _unmodelled(prepared.module, result), names)
 
 
 def _unmodelled(module: HloModule, result: PropagationResult) -> tuple[Unmodelled, ...]:
@@ -163,6 +179,7 @@ def _report(
     capacity: int | None,
     top: int,
     unmodelled: tuple[Unmodelled, ...],
+    names: Mapping[str, str] | None = None,
 ) -> MemoryReport:
     trips = {loop.name: loop.trip_count for loop in prepared.loops}
     mesh, backend = prepared.mesh, prepared.target.name
@@ -182,17 +199,25 @@ def _report(
     breakdown["temporaries"] = estimate.temp_bytes + estimate.on_chip_bytes - breakdown["loop-carried"]
     if estimate.on_chip_bytes:
         breakdown["held in on-chip memory, not HBM"] = -estimate.on_chip_bytes
+    holders = holders_at_peak(prepared.module, estimate, names)
     lines = tuple(
         BufferLine(
-            b.defined_by,
+            h.label,
             b.computation,
             b.category,
             b.shape.to_text(with_layout=False),
             b.sharding.to_short_text() if b.sharding is not None else "{replicated}",
             b.size_bytes,
             stacked(b),
+            kind=h.kind,
+            name=h.name,
+            shard_shape=h.shard_shape,
+            held=b.held.to_text(with_layout=False),
+            note=b.note,
+            text=h.describe(with_bytes=False),
         )
-        for b in estimate.peak_buffers[:top]
+        for h in holders[: max(top, 0)]
+        for b in (h.buffer,)
     )
     return MemoryReport(
         num_devices=len(estimate.per_chip_bytes),
@@ -207,6 +232,7 @@ def _report(
         breakdown=breakdown,
         top_buffers=lines,
         backend=backend,
+        num_holders=len(holders),
         unmodelled=unmodelled,
         error_band=error_band(prepared.compiler),
     )
@@ -254,8 +280,9 @@ def render_memory(report: MemoryReport) -> str:
                      "default, replicated):")  # fmt: skip
         for u in report.unmodelled[:10]:
             lines.append(f"    {mib(u.per_device_bytes):>12}  {u.instruction} ({u.opcode}): {u.reason}")
-    lines.append("  largest buffers live at the peak:")
+    listed = len(report.top_buffers)
+    lines.append(f"  largest buffers live at the peak ({listed} of the {report.num_holders} that hold it):")
     for b in report.top_buffers:
-        tag = " [stacked]" if b.stacked else ""
-        lines.append(f"    {mib(b.per_device_bytes):>12}  {b.instruction} {b.shape} {b.sharding} ({b.category}{tag})")
+        sharding = f" {b.sharding}" if b.sharding != "{replicated}" else ""
+        lines.append(f"    {mib(b.per_device_bytes):>12}  {b.kind:<17}  {b.text}{sharding}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from planner.hlo.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes
 from planner.memory.dot_partition import DotPartition, axis_grouping
-from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.hlo_sharding import HloSharding, Kind
 
 SHARDS_HELD = {"all-gather": 4, "reduce-scatter": 6}
 
@@ -46,6 +46,15 @@ class Window:
     kind: str  # "all-gather" | "reduce-scatter"
     operand: int | None  # which operand an all-gather loops over
     size_bytes: int  # what the loop holds besides the dot's operands and result
+    # The same per device as one array: [shards held, *one shard's dims] (all-gather: 4 x bf16[512,1024]
+    # of the operand's shard is bf16[4,512,1024]).
+    held: ArrayShape | None = None
+
+
+def _shards(count: int, shape: ArrayShape, sharding: HloSharding | None) -> ArrayShape:
+    """`count` per-device shards of `shape` under `sharding`, stacked on a leading dim."""
+    dims = sharding.shard_shape(shape.dims) if sharding is not None and sharding.kind is Kind.TILED else shape.dims
+    return ArrayShape(shape.element_type, (count, *dims), layout=shape.layout)
 
 
 def _output_groupings(shape: ArrayShape, sharding: HloSharding | None) -> set[object]:
@@ -88,7 +97,8 @@ def windowed_einsum(
             and plan.gathered_over[k] <= splits_output
             and _worth_it(plan.flops, plan.operand_bytes[k], group, thresholds)
         ):
-            return Window("all-gather", k, SHARDS_HELD["all-gather"] * held[k])
+            count = SHARDS_HELD["all-gather"]
+            return Window("all-gather", k, count * held[k], _shards(count, shapes[k], shardings[k]))
     scattered = _devices(plan.reduced_over)
     # The output is the partial sums reduced and scattered over the contraction's devices, nothing more.
     if (
@@ -98,5 +108,6 @@ def windowed_einsum(
         and plan.reduced_over <= splits_output
         and _worth_it(plan.flops, plan.result_bytes, scattered, thresholds)
     ):
-        return Window("reduce-scatter", None, SHARDS_HELD["reduce-scatter"] * out_bytes)
+        count = SHARDS_HELD["reduce-scatter"]
+        return Window("reduce-scatter", None, count * out_bytes, _shards(count, out_shape, out))
     return None

@@ -21,6 +21,28 @@ class LoopInfo(BaseModel):
     per_device_shape_after: str = Field(description="the same after the recommended placements")
 
 
+class DimSplitInfo(BaseModel):
+    size: int
+    axes: list[str] = Field(description="mesh axes the dim is split over, major first; `x4` when no axis names it")
+
+
+class TensorSplitInfo(BaseModel):
+    """How a tensor is split over the mesh, dim by dim."""
+
+    name: str
+    dims: list[DimSplitInfo]
+    shard_shape: list[int] = Field(description="the per-device shape")
+    replicated_over: list[str] = Field(description="mesh axes no dim is split over: each holds a copy")
+
+
+class SplitPictureInfo(BaseModel):
+    """A finding's tensor against the mesh axes, now and once the plan is applied."""
+
+    mesh: str = Field(description="the mesh the axes are named from, e.g. fsdp=4,tp=2")
+    now: TensorSplitInfo
+    planned: TensorSplitInfo | None = None
+
+
 class RootCauseInfo(BaseModel):
     instruction: str
     opcode: str
@@ -32,6 +54,8 @@ class RootCauseInfo(BaseModel):
     tiles_before: int
     tiles_after: int
     dropped_axes: list[str]
+    operands: list[TensorSplitInfo] = Field(default_factory=list, description="the op's array operands, split")
+    result: TensorSplitInfo | None = Field(default=None, description="the op's result, split as propagated")
 
 
 class FindingInfo(BaseModel):
@@ -57,6 +81,9 @@ class FindingInfo(BaseModel):
     )
     shard_shape: list[int] | None = Field(
         default=None, description="the buffer's per-device shape under its current sharding, e.g. [8,256,512]"
+    )
+    split: SplitPictureInfo | None = Field(
+        default=None, description="the buffer's dims against the mesh axes, now and after the plan"
     )
     compiler_only: str | None = Field(
         default=None,
@@ -92,6 +119,23 @@ class TorchPinInfo(BaseModel):
     call: str = Field(description="what to call on it inside the scanned function")
 
 
+class UserPlacementInfo(BaseModel):
+    """A placement as the user writes it in the framework that wrote the step."""
+
+    framework: str = Field(description="jax (MaxText's steps too) or torch_xla")
+    parameter: str | None = Field(
+        description="the user's name for the parameter pinned (or whose gradient is), e.g. `params['w_down']`"
+    )
+    partition_spec: list[str | list[str] | None] | None = Field(
+        description="per dim of one layer's slice (a returned gradient: of the whole), over the mesh's axis names"
+    )
+    spec: str | None = Field(description="the spec as the framework writes it, e.g. `P('tp', 'fsdp')`")
+    summary: str = Field(description="the placement in a line, by the parameter's name and spec where known")
+    where: str = Field(description="where in the user's code the line goes")
+    code: str | None = Field(description="the line to paste, e.g. `w = jax.lax.with_sharding_constraint(...)`")
+    missing: str | None = Field(default=None, description="why there is no line, when there is none")
+
+
 class PlacementInfo(BaseModel):
     id: str
     kind: str = Field(description="pin-parameter or split-shard-group")
@@ -108,6 +152,9 @@ class PlacementInfo(BaseModel):
     names: list[str] = Field(
         default_factory=list,
         description="the user's names of what it pins, e.g. `params['wq']`, `grad of params['wq']`",
+    )
+    user: UserPlacementInfo | None = Field(
+        default=None, description="the placement in the user's framework: name, PartitionSpec and a line to paste"
     )
 
 

@@ -75,6 +75,17 @@ class TorchPin:
 
 
 @dataclass(frozen=True)
+class PinnedValue:
+    """What a pin fixes, as the user's code holds it: one layer's slice of a scanned parameter (its layer dim
+    dropped), or a returned gradient whole, with the sharding the pin gives it."""
+
+    sharding: HloSharding
+    shape: tuple[int, ...]
+    label: str | None = None  # the user's name for it, where the module's metadata gives one
+    key: str | None = None  # where the module carries it (`while.953[6]`), for when no name is known
+
+
+@dataclass(frozen=True)
 class Placement:
     id: str
     kind: str  # "pin-parameter" | "split-shard-group"
@@ -83,6 +94,7 @@ class Placement:
     annotations: tuple[Annotation, ...]
     torch_pin: TorchPin | None = None
     torch_pairs: tuple[tuple[str, ...], ...] = field(default=())  # shard_as pairs after a split
+    pinned: PinnedValue | None = None
 
 
 def pin_parameter(
@@ -117,6 +129,9 @@ def pin_parameter(
             if gradient.name is not None and spec is not None
             else None
         ),
+        pinned=PinnedValue(
+            _one_layer(gradient.ideal), gradient.shape.dims[1:], key=parameter.key if parameter is not None else None
+        ),
     )
 
 
@@ -144,7 +159,13 @@ def pin_output(
         fixes=(key,),
         annotations=(Annotation(module.entry_name, gradient.value, ideal),),
         torch_pin=TorchPin(name, spec, gradient.shape.dims, MARK_GRADIENT) if name and spec is not None else None,
+        pinned=PinnedValue(gradient.ideal, gradient.shape.dims, name or _metadata_label(gradient)),
     )
+
+
+def _metadata_label(gradient: OutputGradient) -> str | None:
+    """The parameter's name from its metadata; `label` falls back to the HLO name, which is no user's."""
+    return gradient.label if gradient.label != gradient.parameter else None
 
 
 def _pin(module: HloModule, comp: str, name: str, stacked: HloSharding) -> Annotation:
@@ -152,12 +173,16 @@ def _pin(module: HloModule, comp: str, name: str, stacked: HloSharding) -> Annot
     size-1 dim, left unspecified so propagation decides it."""
     shape = module.computation(comp)[name].shape
     assert isinstance(shape, ArrayShape), f"{name} is not an array"
-    layer = layer_sharding(stacked, stacked.tiled_data_rank - 1) if stacked.is_tiled else stacked
+    layer = _one_layer(stacked)
     if layer.is_tiled and shape.rank == layer.tiled_data_rank + 1:
         return Annotation(comp, name, algebra.add_dims(layer, 0, 1).to_short_text(), unspecified_dims=(0,))
     if layer.is_tiled and shape.rank != layer.tiled_data_rank:
         raise ValueError(f"cannot pin {name} {shape.to_text(False)} in {comp} to {layer.to_text()}: ranks differ")
     return Annotation(comp, name, layer.to_short_text())
+
+
+def _one_layer(stacked: HloSharding) -> HloSharding:
+    return layer_sharding(stacked, stacked.tiled_data_rank - 1) if stacked.is_tiled else stacked
 
 
 def split_group(module: HloModule, group: int, next_id: int) -> Placement | None:

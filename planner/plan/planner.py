@@ -20,7 +20,6 @@ patched module carries the recommended placements only.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -51,8 +50,11 @@ from planner.plan.model import (
     PlacementInfo,
     Plan,
     RootCauseInfo,
+    SplitPictureInfo,
+    TensorSplitInfo,
     TimelineSeries,
     TorchPinInfo,
+    UserPlacementInfo,
 )
 from planner.plan.names import NameTable, name_table
 from planner.plan.next_steps import Step, beyond_sharding
@@ -67,8 +69,11 @@ from planner.plan.placements import (
     pin_parameter,
     split_group,
 )
+from planner.plan.plan_warnings import plan_warnings
 from planner.plan.root_cause import root_cause
 from planner.plan.scan_pairs import accumulated_gradients, stacked_gradients
+from planner.plan.split_picture import tensor_split
+from planner.plan.user_form import user_form
 from planner.plan.verdict import band_for, verdict, verify_command
 from planner.plan.verify import Predicted
 from planner.plan.verify import verify as verify_with_xla
@@ -76,7 +81,6 @@ from planner.prepare import PreparedModule, annotate, prepare, reprepare
 from planner.progress import note
 from planner.propagation import PropagationResult, ShardingPropagation
 from planner.sharding.hlo_sharding import HloSharding
-from planner.sharding.text import parse_sharding
 from planner.targets import tpu_topology
 from planner.units import format_bytes
 
@@ -205,7 +209,9 @@ def _make_plan(
     if prepared.target.lends_unwritten_outputs:
         refused |= {p.id: UNCLAIMED_OUTPUT_WHY.format(prepared.target.name) for p in candidates
                     if p.kind == PIN_OUTPUT and p.id not in refused}  # fmt: skip
-    if front_end_of(module) == TORCH_XLA:
+    # torch_xla's handles limit what is recommended, and the words of an empty change set say so.
+    limited_to = TORCH_XLA if front_end_of(module) == TORCH_XLA else None
+    if limited_to is not None:
         for p in candidates:
             what = _no_torch_xla_handle(p)
             if what is not None and p.id not in refused:
@@ -286,12 +292,16 @@ def _make_plan(
                 ConflictInfo(group=c.group, members=[GroupMemberInfo(**asdict(m)) for m in c.members])
                 for c in conflicts
             ],
-            placements=[_placement(p, alone.get(p.id), *verdicts[p.id], names=names) for p in candidates],
+            placements=[
+                _placement(p, alone.get(p.id), *verdicts[p.id], names=names, framework=front_end_of(module), mesh=mesh)
+                for p in candidates
+            ],
             alternatives=alternatives,
             timeline_before=_timeline(before),
             timeline_after=_timeline(after),
         )
-        plan.warnings = list(prepared.warnings)
+        # The request's warnings, then what the planner cannot help this step with (`plan_warnings`).
+        plan.warnings = list(prepared.warnings) + plan_warnings(prepared)
         plan.withdrawn = withdrawn
         plan.verdict = verdict(
             plan.hbm,
@@ -301,7 +311,7 @@ def _make_plan(
             withdrawn,
             band_for(prepared),
             verify_command=verify_command(mesh, chip_name, capacity_bytes),
-            framework=_limited_to(module),
+            framework=limited_to,
         )
         if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
             # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
@@ -343,7 +353,7 @@ def _make_plan(
         # The compiler the plan is for measured the step: its bytes decide the verdict, no band needed.
         pin_every_name = PIN_EVERY_PARAMETER if pin_every and withdrawn is None else None
         plan.verdict = verdict(plan.hbm, plan.placements, pin_every_name, chip_name, withdrawn, measured=measured,
-                               framework=_limited_to(module))  # fmt: skip
+                               framework=limited_to)  # fmt: skip
     return plan, patched
 
 
@@ -382,11 +392,6 @@ UNCLAIMED_OUTPUT_WHY = (
 NO_TORCH_XLA_HANDLE_WHY = (
     "torch_xla offers no way to apply it ({}), so it is not recommended for a torch_xla step (alone: {} -> {})"
 )
-
-
-def _limited_to(module: HloModule) -> str | None:
-    """The front end whose handles the placements were limited to, when they were."""
-    return TORCH_XLA if front_end_of(module) == TORCH_XLA else None
 
 
 def _no_torch_xla_handle(p: Placement) -> str | None:
@@ -490,7 +495,9 @@ def _alternative_why(before: int, greedy: int, everything: int, noise_bytes: int
     )
 
 
-def _placement(p: Placement, alone: int | None, recommended: bool, why: str, names: NameTable) -> PlacementInfo:
+def _placement(
+    p: Placement, alone: int | None, recommended: bool, why: str, names: NameTable, framework: str, mesh: Mesh | None
+) -> PlacementInfo:
     torch = None
     if p.torch_pin is not None:
         torch = TorchPinInfo(
@@ -520,6 +527,23 @@ def _placement(p: Placement, alone: int | None, recommended: bool, why: str, nam
         recommended=recommended,
         why=why,
         names=names.pinned(p),
+        user=_user(p, framework, mesh, names.pinned(p)),
+    )
+
+
+def _user(p: Placement, framework: str, mesh: Mesh | None, names: list[str]) -> UserPlacementInfo | None:
+    form = user_form(p, framework, mesh, names)
+    if form is None:
+        return None
+    return UserPlacementInfo(
+        framework=form.framework,
+        parameter=form.parameter,
+        partition_spec=list(form.partition_spec) if form.partition_spec is not None else None,
+        spec=form.spec_text,
+        summary=form.summary,
+        where=form.where,
+        code=form.code,
+        missing=form.missing,
     )
 
 
@@ -531,34 +555,54 @@ def _finding(
     if cause is not None:
         info.root_cause = RootCauseInfo(**{**asdict(cause), "dropped_axes": list(cause.dropped_axes)})
     if finding.kind == GRADIENT_OUTPUT:
-        return _output_finding(before, after, finding, info, names)
+        return _output_finding(before, after, finding, info, names, mesh)
     info.name = names.element(finding.loop, finding.index)
     carried = before.module.instruction(finding.loop).shape
     element = carried.leaves()[finding.index]
+    now = leaf_shardings(carried, before.result.sharding(finding.loop))[finding.index]
     if isinstance(element, ArrayShape):
-        info.shard_shape = _shard_shape(
-            element.dims, leaf_shardings(carried, before.result.sharding(finding.loop))[finding.index]
-        )
+        info.shard_shape = _shard_shape(element.dims, now)
     loop = after.module.instruction(finding.loop)
     leaf = loop.shape.leaves()[finding.index]
+    planned = leaf_shardings(loop.shape, after.result.sharding(finding.loop))[finding.index]
     if isinstance(leaf, ArrayShape):
-        info.per_device_bytes_after = per_device_bytes(
-            leaf, leaf_shardings(loop.shape, after.result.sharding(finding.loop))[finding.index]
-        )
+        info.per_device_bytes_after = per_device_bytes(leaf, planned)
+    if isinstance(element, ArrayShape) and isinstance(leaf, ArrayShape):
+        info.split = _split(f"{finding.loop}[{finding.index}]", element.dims, now, leaf.dims, planned, mesh)
     return info
 
 
+def _split(
+    name: str,
+    dims: tuple[int, ...],
+    now: HloSharding | None,
+    dims_after: tuple[int, ...],
+    planned: HloSharding | None,
+    mesh: Mesh,
+) -> SplitPictureInfo:
+    """The picture of a finding's split, now and after the plan."""
+    return SplitPictureInfo(
+        mesh=mesh.to_text(),
+        now=TensorSplitInfo.model_validate(asdict(tensor_split(name, dims, now, mesh))),
+        planned=TensorSplitInfo.model_validate(asdict(tensor_split(name, dims_after, planned, mesh))),
+    )
+
+
 def _output_finding(before: Simulation, after: Simulation, finding: Finding, info: FindingInfo,
-                    names: NameTable) -> FindingInfo:  # fmt: skip
+                    names: NameTable, mesh: Mesh) -> FindingInfo:  # fmt: skip
     """A returned gradient: its entry output before and after the plan."""
     param = before.module.entry[finding.matched_parameter or ""]
     parameter = names.gradient_output(finding.index) or names.parameter(param.parameter_number or 0)
     info.name = f"grad of {parameter}" if parameter else None
     value = before.module.entry[finding.instruction]
     if isinstance(value.shape, ArrayShape):
-        info.shard_shape = _shard_shape(value.shape.dims, before.result.sharding(value.name))
+        now = before.result.sharding(value.name)
+        info.shard_shape = _shard_shape(value.shape.dims, now)
         returned = after.module.entry.root.operands[finding.index]
-        info.per_device_bytes_after = per_device_bytes(value.shape, after.result.sharding(returned))
+        planned = after.result.sharding(returned)
+        info.per_device_bytes_after = per_device_bytes(value.shape, planned)
+        key = f"{finding.loop}[{finding.index}]"
+        info.split = _split(key, value.shape.dims, now, value.shape.dims, planned, mesh)
     return info
 
 
@@ -569,11 +613,10 @@ def _shard_shape(dims: tuple[int, ...], sharding: HloSharding | None) -> list[in
 
 def _buffer(line: BufferLine, names: NameTable) -> BufferInfo:
     info = BufferInfo(**asdict(line))
-    info.name = names.value(line.instruction)
-    dims = re.fullmatch(r"\w+\[([\d,]*)\]", line.shape)
-    if dims is not None:
-        shape = tuple(int(d) for d in dims.group(1).split(",") if d)
-        info.shard_shape = _shard_shape(shape, parse_sharding(line.sharding))
+    info.name = names.value(line.instruction) or line.name
+    # The per-device array the holder keeps, as the memory model has it (a partitioner's buffer is per
+    # device already: its shape is not divided again).
+    info.shard_shape = list(line.shard_shape) if line.shard_shape else None
     return info
 
 

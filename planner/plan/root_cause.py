@@ -14,15 +14,13 @@ several) and a bare size is not split: fsdp, on the contracted dim, is gone.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-
-import numpy as np
 
 from planner.hlo.debug_info import source_location
 from planner.hlo.ir import HloModule
 from planner.hlo.shapes import ArrayShape
 from planner.mesh import Mesh
+from planner.plan.split_picture import TensorSplit, dim_axes, tensor_split
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
 
@@ -36,38 +34,9 @@ class RootCause:
     tiles_before: int
     tiles_after: int
     dropped_axes: tuple[str, ...]
-
-
-def dim_axes(sharding: HloSharding | None, rank: int, mesh: Mesh) -> list[tuple[str, ...]]:
-    """For each dim, the mesh axes it is split over (empty when not split or not expressible)."""
-    if sharding is None or not sharding.is_tiled or sharding.tile_assignment is None:
-        return [() for _ in range(rank)]
-    tiles = sharding.tile_assignment
-    array = tiles.array()
-    coords = np.array(np.unravel_index(np.arange(mesh.num_devices), mesh.shape)).T  # device order -> mesh coords
-    position = {device: i for i, device in enumerate(mesh.device_ids)}
-    out: list[tuple[str, ...]] = []
-    for d in range(min(rank, sharding.tiled_data_rank)):
-        count = tiles.dims[d]
-        if count == 1:
-            out.append(())
-            continue
-        found: tuple[str, ...] = ()
-        for size in range(1, len(mesh.shape) + 1):
-            for axes in itertools.combinations(range(len(mesh.shape)), size):
-                if int(np.prod([mesh.shape[a] for a in axes])) != count:
-                    continue
-                groups: dict[int, set[tuple[int, ...]]] = {}
-                for index, device in np.ndenumerate(array):
-                    key = tuple(int(coords[position[int(device)]][a]) for a in axes)
-                    groups.setdefault(int(index[d]), set()).add(key)
-                if len(groups) == count and all(len(v) == 1 for v in groups.values()):
-                    found = tuple(mesh.axis_names[a] for a in axes)
-                    break
-            if found:
-                break
-        out.append(found)
-    return out + [() for _ in range(rank - len(out))]
+    # The op drawn: its array operands and its result, each dim with the mesh axes it is split over.
+    operands: tuple[TensorSplit, ...] = ()
+    result: TensorSplit | None = None
 
 
 def _label(name: str, shape: ArrayShape, sharding: HloSharding | None, mesh: Mesh) -> str:
@@ -93,11 +62,10 @@ def root_cause(module: HloModule, result: PropagationResult, name: str, mesh: Me
         if inst is None or not isinstance(inst.shape, ArrayShape):
             continue
         operands = [module.instruction(o) for o in inst.operands if _known(module, o)]
-        shown = [
-            _label(o.name, o.shape, result.sharding(o.name) if o.name in result else None, mesh)
-            for o in operands
-            if isinstance(o.shape, ArrayShape) and o.shape.rank > 0
-        ]
+        arrays = [o for o in operands if isinstance(o.shape, ArrayShape) and o.shape.rank > 0]
+        shardings = [result.sharding(o.name) if o.name in result else None for o in arrays]
+        shown = [_label(o.name, o.shape, s, mesh) for o, s in zip(arrays, shardings)]  # type: ignore[arg-type]
+        drawn = tuple(tensor_split(o.name, o.shape.dims, s, mesh) for o, s in zip(arrays, shardings))  # type: ignore[union-attr]
         sep = " . " if inst.opcode in ("dot", "convolution") else ", "
         notation = f"{sep.join(shown)} -> {_label(inst.name, inst.shape, after, mesh)}"
         source_shape = _shape_of(module, source.instruction.name)
@@ -108,7 +76,15 @@ def root_cause(module: HloModule, result: PropagationResult, name: str, mesh: Me
         )
         where = source_location(module, inst)
         return RootCause(
-            inst.name, inst.opcode, where, notation, before.num_tiles, after.num_tiles, tuple(sorted(lost))
+            inst.name,
+            inst.opcode,
+            where,
+            notation,
+            before.num_tiles,
+            after.num_tiles,
+            tuple(sorted(lost)),
+            drawn,
+            tensor_split(inst.name, inst.shape.dims, after, mesh),
         )
     return None
 

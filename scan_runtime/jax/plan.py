@@ -57,17 +57,20 @@ class JaxPlan:
         for p in plan.placements:
             if not p.recommended:
                 continue
+            # The spec applied is the one the plan shows the user (`p.user`), so the client compiles what
+            # the plan tells a user to write.
+            user = p.user
             if p.kind == "pin-parameter":
-                if p.torch is None or p.torch.parameter not in parameters:
+                if user is None or user.parameter not in parameters or user.partition_spec is None:
                     raise PlanMismatch(f"placement {p.id} names no parameter of this step, so it cannot be "
                                        "applied in the scanned body")  # fmt: skip
-                layer_specs[p.torch.parameter] = partition_spec(p.torch.partition_spec)
+                layer_specs[user.parameter] = partition_spec(user.partition_spec)
             elif p.kind == PIN_OUTPUT:
                 position = int(p.id.split(":", 1)[1])
                 name = manifest.outputs[position] if position < len(manifest.outputs) else None
-                if name is None:
+                if name is None or user is None or user.partition_spec is None:
                     raise PlanMismatch(f"placement {p.id} pins output {position}, which is no parameter's gradient")
-                gradient_specs[name] = partition_spec(manifest.parameter(name).partition_spec)
+                gradient_specs[name] = partition_spec(user.partition_spec)
             else:
                 notes.append(f"{p.id} ({p.kind}) is torch_xla's shard_as regrouping: a JAX step has no groups")
         return JaxPlan(layer_specs, gradient_specs, mesh, parameters, plan, plan_id, tuple(notes))
