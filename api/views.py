@@ -266,10 +266,11 @@ def breakdown_rows(plan: Plan) -> list[tuple[str, int, int]]:
 
 
 def change_set(plan: Plan) -> list[str]:
-    """The verdict's change set, placement by placement (by summary, else id), unless its name lists them."""
+    """The verdict's change set, placement by placement (in the user's words where the plan has them, else
+    by summary, else id), unless its name lists them."""
     if plan.verdict is None:
         return []
-    summaries = {p.id: p.summary for p in plan.placements}
+    summaries = {p.id: p.user.summary if p.user is not None else p.summary for p in plan.placements}
     listed = [summaries.get(pid, pid) for pid in plan.verdict.change_set]
     return [] if any(s in plan.verdict.change_set_name for s in listed) else listed
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -219,6 +220,10 @@ def test_the_dashboard_form_s_verify_button_starts_a_job_and_shows_its_page(tmp_
         assert record["kind"] == "verify" and record["state"] in ("queued", "running")
         assert queue.sent and queue.sent[0][0] == job_id
         assert 'id="bar"' in c.get(answer.headers["location"]).text
+        # The jobs page lists it, linking its page; every page's header links the jobs page.
+        listed = c.get("/recent-jobs").text
+        assert f'href="/jobs/{job_id}/view"' in listed and "verify" in listed
+        assert 'href="/recent-jobs"' in c.get("/").text
         # The quota holds for the form as for POST /jobs.
         again = c.post("/", data=form, follow_redirects=False)
         assert again.status_code == 429 and "quota" in again.text
@@ -226,3 +231,24 @@ def test_the_dashboard_form_s_verify_button_starts_a_job_and_shows_its_page(tmp_
         # HLO that does not parse is refused at once, the form back with the message.
         bad = c.post("/", data={**form, "hlo": "HloModule m\n\nENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n"})
         assert bad.status_code == 422 and "4:23: operand &#39;p&#39; of &#39;a&#39; is not defined" in bad.text
+
+
+def test_a_plan_page_verifies_its_step_as_a_job_from_the_same_file(tmp_path: Path) -> None:
+    settings = Settings(db=f"sqlite:///{tmp_path / 'plans.sqlite3'}")
+    app = create_app(settings)
+    with TestClient(app) as c:
+        queue = RecordingQueue(app.state.jobs.jobs, settings)
+        app.state.jobs = queue
+        record = c.post("/plan", json={"hlo": SMALL, "mesh": MESH, "hbm_bytes": 3 << 30}).json()
+        page = c.get(f"/plans/{record['id']}/view").text
+        form = page.split('<form class="verify"')[1].split("</form>")[0]
+        fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', form))
+        assert fields == {"action": "verify", "mesh": "fsdp=4,tp=2", "chip": f"{3 << 30}B"}
+        answer = c.post("/", data=fields, files={"hlo_file": ("step.hlo", SMALL)}, follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"].endswith("/view")
+        job = c.get(answer.headers["location"].removesuffix("/view")).json()
+        assert job["kind"] == "verify" and queue.sent[0][0] == job["id"]
+        # The job plans what the page planned: the same module, mesh and capacity.
+        asked = queue.jobs.get(job["id"]).request  # type: ignore[union-attr]
+        assert asked["hlo"] == SMALL and asked["mesh"] == {**MESH, "device_ids": None}
+        assert asked["hbm_bytes"] == 3 << 30

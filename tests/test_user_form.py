@@ -4,6 +4,8 @@ to paste, checked against what the framework that wrote each corpus step says it
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from conftest import CORPUS
@@ -140,3 +142,25 @@ def test_a_returned_gradient_s_pin_reads_as_the_gradient_in_the_grads_tree() -> 
     assert output.user.code == (
         "grads['embed'] = jax.lax.with_sharding_constraint(grads['embed'], NamedSharding(mesh, P('tp', 'fsdp')))"
     )
+
+
+LLAMA_405B = Path(__file__).parent / "fixtures" / "generated" / "jax_llama405b_remat_L126_fsdp64_tp4.hlo"
+
+
+@pytest.mark.parametrize(
+    "path,mesh",
+    [(JAX_STEP.with_suffix(".hlo"), "fsdp=4,tp=2"), (LLAMA_405B, "fsdp=64,tp=4")],
+    ids=["jax_8_chips", "jax_405b_256_chips"],
+)
+def test_where_the_step_names_its_parameters_every_gradient_and_pin_is_named(path: Path, mesh: str) -> None:
+    """JAX steps carry each parameter's path in its metadata: every stacked gradient found and every pin
+    is named by it."""
+    plan, _ = make_plan(prepare(parse_hlo_file(path), mesh=Mesh.parse(mesh)))
+    gradients = [f for f in plan.findings if f.kind == "stacked-gradient"]
+    assert len(gradients) == 7
+    assert all(f.name is not None and re.fullmatch(r"grad of params\['\w+'\]", f.name) for f in gradients)
+    pins = [p for p in plan.placements if p.kind == PIN_PARAMETER]
+    assert pins and all(p.user is not None and (p.user.parameter or "").startswith("params['") for p in pins)
+    # Each gradient's pin names the same parameter as the finding.
+    pinned = {p.user.parameter for p in pins if p.user is not None}
+    assert {f.name.removeprefix("grad of ") for f in gradients if f.name} <= pinned

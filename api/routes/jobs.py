@@ -102,3 +102,10 @@ def view_job(request: Request, job_id: str, jobs: JobsDep) -> HTMLResponse:
     if job is None:
         return not_found(request, "job", job_id)
     return templates.TemplateResponse(request, "job.html", {"job": JobRecord.of(job)})
+
+
+@router.get("/recent-jobs", response_class=HTMLResponse, include_in_schema=False)
+def view_jobs(request: Request, jobs: JobsDep, settings: SettingsDep) -> HTMLResponse:
+    """Recent jobs, newest first, each linking its page and what it made (a plan or a ranking)."""
+    records = [JobRecord.of(j) for j in jobs.jobs.recent(settings.page_size)]
+    return templates.TemplateResponse(request, "jobs.html", {"jobs": records})
