@@ -51,11 +51,11 @@ from planner.mesh import Mesh
 from planner.plan.model import NextStepInfo, PeakHolderInfo
 from planner.plan.peak_holders import (
     SavedActivation,
-    gradient_names,
     loops_by_name,
     loops_of,
     peak_holders,
     saved_activations,
+    stacked_gradient_names,
 )
 from planner.plan.remesh import axis_layout, remesh_module
 from planner.plan.scan_pairs import StackedGradient
@@ -100,7 +100,7 @@ def beyond_sharding(
     """What holds the peak after the plan, the changes beyond sharding, each predicted, and the
     changes that cannot be predicted for this step, with why."""
     estimate = step.estimate()
-    holders = peak_holders(step.module, estimate, _gradient_names(step.module, gradients or []))
+    holders = peak_holders(step.module, estimate, stacked_gradient_names(step.module, gradients or []))
     options: list[tuple[str, Callable[[], NextStepInfo]]] = [
         ("remat", lambda: remat(step, estimate)),
         ("more-fsdp-chips", lambda: more_fsdp_chips(step, estimate.total_bytes)),
@@ -113,16 +113,6 @@ def beyond_sharding(
         except ValueError as e:
             unavailable.append(f"{kind}: {e}")
     return holders, predicted, unavailable
-
-
-def _gradient_names(module: HloModule, gradients: list[StackedGradient]) -> dict[str, str]:
-    loops = loops_by_name(module)
-    pairs = [
-        (g.key, loops[g.parameter.loop], g.parameter.index)
-        for g in gradients
-        if g.parameter is not None and g.parameter.loop in loops
-    ]
-    return gradient_names(module, pairs)
 
 
 def _fits(total: int, capacity: int) -> bool:
