@@ -270,7 +270,7 @@ def change_set(plan: Plan) -> list[str]:
     by summary, else id), unless its name lists them."""
     if plan.verdict is None:
         return []
-    summaries = {p.id: p.user.summary if p.user is not None else p.summary for p in plan.placements}
+    summaries = {p.id: p.in_words for p in plan.placements}
     listed = [summaries.get(pid, pid) for pid in plan.verdict.change_set]
     return [] if any(s in plan.verdict.change_set_name for s in listed) else listed
 

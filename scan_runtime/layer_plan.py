@@ -59,7 +59,7 @@ class LayerPlan:
                     raise PlanMismatch(f"placement {p.id} has no parameter name (the plan was made without a "
                                        "manifest), so it cannot be applied")  # fmt: skip
                 # The spec the plan shows the user (derived from the pin's sharding), when the mesh let it.
-                shown = p.user.partition_spec if p.user is not None and p.user.partition_spec is not None else None
+                shown = p.user.partition_spec if p.user is not None else None
                 chosen = shown if shown is not None else p.torch.partition_spec
                 spec = tuple(tuple(a) if isinstance(a, list) else a for a in chosen)
                 unknown = [a for dim in spec for a in (dim if isinstance(dim, tuple) else (dim,)) if a is not None

@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from api.deps import JobsDep, SettingsDep, StoreDep, WorkersDep, token_ok
 from api.job_models import JobRequest
+from api.job_start import start_job
 from api.jobs import JobQueue
 from api.models import PlanRequest
-from api.planning import check_parses, plan_or_cached
+from api.planning import plan_or_cached
 from api.rate_limit import caller_of
 from api.routes.plans import read_plan_request, validation_message
 from api.settings import Settings
@@ -79,14 +80,9 @@ async def submit(
 
 
 def _start_verify(plan_request: PlanRequest, jobs: JobQueue, settings: Settings, caller: str) -> RedirectResponse:
-    """A verify job for the form's step (the compilers take minutes): its page shows the progress, then
-    links to the verified plan. The quota and the parse check are POST /jobs's."""
-    active = jobs.jobs.active_for(caller)
-    if active >= settings.jobs_per_token:
-        raise HTTPException(429, f"quota: {active} jobs of this token are queued or running (at most "
-                            f"{settings.jobs_per_token}); wait for one to end")  # fmt: skip
-    check_parses(plan_request)
-    job = jobs.submit("verify", JobRequest(kind="verify", request=plan_request).payload(), caller)
+    """A verify job for the form's step (the compilers take minutes), started as POST /jobs starts one: its
+    page shows the progress, then links to the verified plan."""
+    job = start_job(JobRequest(kind="verify", request=plan_request), caller, jobs, settings)
     return RedirectResponse(f"/jobs/{job.id}/view", status_code=303)
 
 

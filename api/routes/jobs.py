@@ -12,9 +12,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from api.deps import AuthDep, JobsDep, SettingsDep
 from api.job_models import JobList, JobRecord, JobRequest
+from api.job_start import start_job
 from api.job_store import FINISHED
 from api.models import ErrorDetail
-from api.planning import check_parses
 from api.routes.dashboard import not_found, templates
 
 router = APIRouter()
@@ -35,17 +35,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 @router.post("/jobs", status_code=202, response_model=JobRecord, responses=_ERRORS,
              summary="Start a verify or search job; answers at once with its id")  # fmt: skip
 def post_job(body: JobRequest, caller: AuthDep, jobs: JobsDep, settings: SettingsDep) -> JSONResponse:
-    active = jobs.jobs.active_for(caller)
-    if active >= settings.jobs_per_token:
-        raise HTTPException(429, f"quota: {active} jobs of this token are queued or running (at most "
-                            f"{settings.jobs_per_token}); wait for one to end")  # fmt: skip
-    if body.search is not None and body.search.builder not in settings.search_builders:
-        allowed = ", ".join(settings.search_builders) or "none (SPMD_PLANNER_SEARCH_BUILDERS is empty)"
-        raise HTTPException(422, f"step builder {body.search.builder!r} is not one this service runs: {allowed}")
-    if body.kind == "verify" and body.request is not None:
-        check_parses(body.request)
-    job = jobs.submit(body.kind, body.payload(), caller)
-    record = JobRecord.of(job)
+    record = JobRecord.of(start_job(body, caller, jobs, settings))
     return JSONResponse(record.model_dump(mode="json"), status_code=202, headers={"Location": record.links.self})
 
 

@@ -140,10 +140,6 @@ def render_plan(plan: Plan) -> str:
         else:
             lines.append(f"    [{mark}] {p.summary}" + (f" ({', '.join(p.names)})" if p.names else ""))
         lines.append(f"      {p.why}")
-        if p.torch is not None and p.torch.call != "mark_sharding_with_gradients" and user is None:
-            lines.append(
-                f"      torch: {p.torch.call}(<layer>.{p.torch.parameter}, mesh, {tuple(p.torch.partition_spec)})"
-            )
         if user is not None:
             lines.append(f"      hlo: {p.summary}")
         for a in p.annotations:
@@ -171,7 +167,7 @@ def _render_verdict(plan: Plan) -> list[str]:
         if len(chosen) > 1 and not any(a.recommended for a in plan.alternatives):
             # A change set of several named placements reads one per line.
             lines.append(f"  recommended: {len(chosen)} placements; {saves}")
-            lines.extend(f"    {p.user.summary if p.user is not None else p.summary}" for p in chosen)
+            lines.extend(f"    {p.in_words}" for p in chosen)
         else:
             lines.append(f"  recommended: {v.change_set_name}; {saves}")
     capacity = f" of {format_bytes(hbm.capacity_bytes)}" if hbm.capacity_bytes else ""

@@ -157,6 +157,11 @@ class PlacementInfo(BaseModel):
         default=None, description="the placement in the user's framework: name, PartitionSpec and a line to paste"
     )
 
+    @property
+    def in_words(self) -> str:
+        """The placement in the user's words where the plan has them, else its HLO summary."""
+        return self.user.summary if self.user is not None else self.summary
+
 
 class AlternativeInfo(BaseModel):
     name: str

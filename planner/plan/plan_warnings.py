@@ -88,6 +88,6 @@ def _has_layers(module: HloModule) -> bool:
 
 def _num_devices(prepared: PreparedModule) -> int:
     if prepared.mesh is not None:
-        return len(prepared.mesh.device_ids)
+        return prepared.mesh.num_devices
     partitions = prepared.source.attr("num_partitions")
     return partitions if isinstance(partitions, int) else 1

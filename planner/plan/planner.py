@@ -210,7 +210,8 @@ def _make_plan(
         refused |= {p.id: UNCLAIMED_OUTPUT_WHY.format(prepared.target.name) for p in candidates
                     if p.kind == PIN_OUTPUT and p.id not in refused}  # fmt: skip
     # torch_xla's handles limit what is recommended, and the words of an empty change set say so.
-    limited_to = TORCH_XLA if front_end_of(module) == TORCH_XLA else None
+    front_end = front_end_of(module)
+    limited_to = TORCH_XLA if front_end == TORCH_XLA else None
     if limited_to is not None:
         for p in candidates:
             what = _no_torch_xla_handle(p)
@@ -293,7 +294,7 @@ def _make_plan(
                 for c in conflicts
             ],
             placements=[
-                _placement(p, alone.get(p.id), *verdicts[p.id], names=names, framework=front_end_of(module), mesh=mesh)
+                _placement(p, alone.get(p.id), *verdicts[p.id], names=names, framework=front_end, mesh=mesh)
                 for p in candidates
             ],
             alternatives=alternatives,
@@ -498,6 +499,7 @@ def _alternative_why(before: int, greedy: int, everything: int, noise_bytes: int
 def _placement(
     p: Placement, alone: int | None, recommended: bool, why: str, names: NameTable, framework: str, mesh: Mesh | None
 ) -> PlacementInfo:
+    pinned = names.pinned(p)
     torch = None
     if p.torch_pin is not None:
         torch = TorchPinInfo(
@@ -526,8 +528,8 @@ def _placement(
         predicted_total_alone=alone,
         recommended=recommended,
         why=why,
-        names=names.pinned(p),
-        user=_user(p, framework, mesh, names.pinned(p)),
+        names=pinned,
+        user=_user(p, framework, mesh, pinned),
     )
 
 

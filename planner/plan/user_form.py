@@ -1,10 +1,10 @@
 """A placement in the user's words: the parameter's name, a PartitionSpec over the mesh's axis names, and a
 line to paste in the framework that wrote the step; the HLO edits stay with the placement as detail.
 
-Worked example (the JAX corpus step, mesh fsdp=4,tp=2): the stacked `params['w_down']` f32[8,1024,256]
-should be `{devices=[1,2,4]<=[4,2]T(1,0)}`. One layer's slice drops the layer dim: `{devices=[2,4]<=[4,2]T(1,0)}`,
-dim 0 split 2 ways over the devices' minor mesh axis (tp) and dim 1 split 4 ways over the major one (fsdp),
-so its spec is `P('tp', 'fsdp')` and the line is
+Worked example (the JAX corpus step, mesh fsdp=4,tp=2): the stacked `params['w_down']` f32[8,4096,1024]
+should be `{devices=[1,2,4]<=[4,2]T(1,0)}`. One layer's slice f32[4096,1024] drops the layer dim:
+`{devices=[2,4]<=[4,2]T(1,0)}`, dim 0 split 2 ways over the devices' minor mesh axis (tp) and dim 1 split 4
+ways over the major one (fsdp), so its spec is `P('tp', 'fsdp')` and the line is
 `w_down = jax.lax.with_sharding_constraint(w_down, NamedSharding(mesh, P('tp', 'fsdp')))` inside the scanned
 function. JAX transposes a sharding constraint into the same constraint on the cotangent, so that one line
 also pins the layer's gradient, as torch_xla's `mark_sharding_with_gradients` does.
@@ -74,11 +74,7 @@ def _parameter_name(placement: Placement, names: list[str]) -> str | None:
         return placement.torch_pin.parameter
     if placement.pinned is not None and placement.pinned.label is not None:
         return placement.pinned.label
-    for name in names:
-        if name.startswith("grad of "):
-            return name.removeprefix("grad of ")
-        return name
-    return None
+    return names[0].removeprefix("grad of ") if names else None
 
 
 def _where(torch: bool, output: bool, parameter: str | None, shape: tuple[int, ...]) -> str:

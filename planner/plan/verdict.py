@@ -130,13 +130,8 @@ def change_set_name(
     if pin_every_name is not None:
         return f"{pin_every_name} ({len(chosen)} pins)"
     if len(chosen) == 1:
-        return _in_words(chosen[0])
-    return f"{len(chosen)} placements: " + "; ".join(_in_words(p) for p in chosen)
-
-
-def _in_words(p: PlacementInfo) -> str:
-    """The user's form of a placement where there is one, else its HLO summary."""
-    return p.user.summary if p.user is not None else p.summary
+        return chosen[0].in_words
+    return f"{len(chosen)} placements: " + "; ".join(p.in_words for p in chosen)
 
 
 def verdict(
