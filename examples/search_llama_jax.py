@@ -30,10 +30,11 @@ def build(candidate: Candidate, mesh: Any) -> tuple[Any, Any, tuple[Any, ...]]:
         raise ValueError(f"remat={candidate.remat!r}: this builder knows none and full")
     if GLOBAL_BATCH % candidate.microbatches:
         raise ValueError(f"{candidate.microbatches} microbatches do not divide the batch of {GLOBAL_BATCH}")
-    step = jax.checkpoint(layer) if candidate.remat == "full" else layer
 
     def loss_fn(params: dict[str, Any], x: Any) -> Any:
-        y, _ = scan(step, x, params["layers"])
+        # The client checkpoints the layer with the plan's pins inside (`remat=`), so that the backward reads
+        # the scanned weights rather than a kept copy of each pinned slice.
+        y, _ = scan(layer, x, params["layers"], remat=candidate.remat == "full")
         return jnp.mean(y * y)
 
     params = {"layers": {name: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, SPECS[name]))
@@ -54,10 +55,9 @@ def build_405b(candidate: Candidate, mesh: Any) -> tuple[Any, Any, tuple[Any, ..
     if GLOBAL_BATCH_405B % candidate.microbatches:
         raise ValueError(f"{candidate.microbatches} microbatches do not divide the batch of {GLOBAL_BATCH_405B}")
     one = make_layer(HEAD_SIZE_405B)
-    step = jax.checkpoint(one) if candidate.remat == "full" else one
 
     def loss_fn(params: dict[str, Any], x: Any) -> Any:
-        y, _ = scan(step, x, params["layers"])
+        y, _ = scan(one, x, params["layers"], remat=candidate.remat == "full")
         return jnp.mean(jnp.square(y.astype(jnp.float32)))
 
     d, f = DIM_405B, HIDDEN_405B

@@ -108,3 +108,37 @@ def test_a_scan_over_parameters_found_under_two_paths_asks_which() -> None:
     carry, _ = jax.eval_shape(lambda xs: scan(lambda c, p: (c + p["w"].sum(), None), 0.0, xs, plan=plan,
                                               path="['decoder']"), xs)  # fmt: skip
     assert carry.shape == ()
+
+
+def _forward_scan_outputs(fun, xs) -> list[tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    """The shapes the forward scan of `grad(fun)` returns: its carry and what it stacks for the backward."""
+    jax = pytest.importorskip("jax")
+    scans = [e for e in jax.make_jaxpr(jax.grad(fun))(xs).jaxpr.eqns if e.primitive.name == "scan"]
+    return [tuple(v.aval.shape) for v in scans[0].outvars]
+
+
+def test_remat_puts_the_pins_inside_the_checkpoint_so_the_backward_keeps_no_pinned_copy() -> None:
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec
+
+    from scan_runtime.jax import JaxPlan, scan
+
+    mesh = Mesh(jax.devices()[:1], ("fsdp",))
+    shape = (4, 8, 8)
+    plan = JaxPlan(layer_specs={"['w']": PartitionSpec("fsdp", None)}, gradient_specs={}, mesh=mesh,
+                   parameters={"['w']": shape}, plan=Plan.model_construct())  # fmt: skip
+
+    def layer(c, p):  # type: ignore[no-untyped-def]
+        return jnp.tanh(c @ p["w"]), None
+
+    def loss(layer_fn, **options):  # type: ignore[no-untyped-def]
+        return lambda xs: scan(layer_fn, jnp.ones((2, 8)), xs, plan=plan, **options)[0].sum()
+
+    xs = {"w": jnp.ones(shape)}
+    unpinned = _forward_scan_outputs(lambda xs: jax.lax.scan(jax.checkpoint(layer), jnp.ones((2, 8)), xs)[0].sum(), xs)
+    # With the pins inside the checkpoint the forward stacks what it does unpinned: the backward reads the
+    # scanned weights themselves.
+    assert _forward_scan_outputs(loss(layer, remat=True), xs) == unpinned
+    # Around a checkpointed layer the pinned slice is a new value: the forward stacks a copy of the weights.
+    assert _forward_scan_outputs(loss(jax.checkpoint(layer)), xs) == [*unpinned, shape]

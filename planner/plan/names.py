@@ -297,6 +297,7 @@ class _Elements:
     ) -> None:
         self.module = module
         self.loops = {loop.name: loop for loop in loops}
+        self.by_body = {loop.body: loop for loop in loops}
         self.parameters = parameters
         self.gradients = gradients
         self.memo: dict[tuple[str, int], str | None] = {}
@@ -339,6 +340,14 @@ class _Elements:
                 source = comp[inst.operands[0]]
                 if source.opcode == "while" and source.name in self.loops:
                     return self.name(self.loops[source.name], inst.attr("index"))
+                outer = self.by_body.get(comp.name)
+                if read_only and outer is not None and source.opcode == "parameter" and element is None:
+                    # A loop nested in another's body (a layer scan inside a scan over microbatches) reads
+                    # what the outer loop carries unchanged: the outer element's own value.
+                    index = inst.attr("index")
+                    if index in invariant_elements(comp):
+                        return self.name(outer, index)
+                    return None
                 name, element = inst.operands[0], inst.attr("index")
             elif inst.opcode == "tuple" and element is not None:
                 name, element = inst.operands[element], None

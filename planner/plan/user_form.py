@@ -85,7 +85,13 @@ def _where(torch: bool, output: bool, parameter: str | None, shape: tuple[int, .
         return f"on the gradient of {what} before the step returns it (or as that output's out_shardings)"
     if torch:
         return f"inside the scanned layer function, on {what}, computing with the result; the gradient follows"
-    return f"inside the function lax.scan runs over the layers, on this layer's slice of {what}; the gradient follows"
+    # Outside the layer's jax.checkpoint (or with no remat) the constrained slice is a new value the backward
+    # reads, so JAX keeps it for every layer; inside, the backward recomputes it from the scanned slice.
+    return (
+        f"first thing in the layer function lax.scan runs, on this layer's slice of {what}, inside its "
+        "jax.checkpoint when the step remats; the gradient follows (without remat JAX keeps every layer's "
+        "pinned slice for the backward: at most one more copy of the pinned weights)"
+    )
 
 
 def _axis(a: AxisSpec) -> str:

@@ -25,24 +25,33 @@ def scan(
     *,
     plan: JaxPlan | None = None,
     path: str | None = None,
+    remat: bool | Callable[..., bool] = False,
 ) -> tuple[Any, Any]:
-    """`jax.lax.scan(f, init, xs, ...)`, each layer slice of `xs` the plan pins constrained inside the body."""
+    """`jax.lax.scan(f, init, xs, ...)`, each layer slice of `xs` the plan pins constrained inside the body.
+
+    `remat` checkpoints the body with the pins inside (True: JAX's default policy; else the policy): give it
+    here rather than passing a `jax.checkpoint`ed `f`. Outside the checkpoint a pinned slice is a new value
+    the backward reads, which JAX then keeps for every layer, a copy of the pinned weights.
+    """
     import jax
 
     plan = plan if plan is not None else active_plan()
     pins = _layer_pins(plan, xs, path) if plan is not None and xs is not None else {}
-    if not pins:
-        return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll)
-    assert plan is not None
+    body = f
+    if pins:
+        assert plan is not None
 
-    def pinned(carry: Any, layer: Any) -> tuple[Any, Any]:
-        def pin(leaf_path: Any, leaf: Any) -> Any:
-            spec = pins.get(jax.tree_util.keystr(leaf_path))
-            return leaf if spec is None else jax.lax.with_sharding_constraint(leaf, plan.sharding(spec))
+        def pinned(carry: Any, layer: Any) -> tuple[Any, Any]:
+            def pin(leaf_path: Any, leaf: Any) -> Any:
+                spec = pins.get(jax.tree_util.keystr(leaf_path))
+                return leaf if spec is None else jax.lax.with_sharding_constraint(leaf, plan.sharding(spec))
 
-        return f(carry, jax.tree_util.tree_map_with_path(pin, layer))
+            return f(carry, jax.tree_util.tree_map_with_path(pin, layer))
 
-    return jax.lax.scan(pinned, init, xs, length=length, reverse=reverse, unroll=unroll)
+        body = pinned
+    if remat is not False:
+        body = jax.checkpoint(body, policy=None if remat is True else remat)
+    return jax.lax.scan(body, init, xs, length=length, reverse=reverse, unroll=unroll)
 
 
 def _layer_pins(plan: JaxPlan, xs: Any, path: str | None) -> dict[str, Any]:
