@@ -88,9 +88,10 @@ $(VENV_MAXTEXT)/.installed:
 	touch $@
 
 lint: $(VENV)/.installed-full
-	$(BIN)/ruff check planner api scan_runtime fidelity tests bench examples
-	$(BIN)/ruff format --check planner api scan_runtime fidelity tests bench examples
+	$(BIN)/ruff check planner cli api scan_runtime fidelity tests bench examples
+	$(BIN)/ruff format --check planner cli api scan_runtime fidelity tests bench examples
 	$(BIN)/mypy
+	PYTHONPATH=. $(BIN)/lint-imports --no-cache
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

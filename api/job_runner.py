@@ -14,12 +14,12 @@ import traceback
 from typing import Any
 
 from api.job_store import JobStore
-from api.models import PlanRequest
 from api.plan_job import plan_job
 from api.planning import store_answer
 from api.store import PlanStore
 from planner.progress import reporting
 from planner.targets import tpu_topology
+from planner.wire import PlanRequest
 
 VERIFY = "verify"
 SEARCH = "search"
@@ -29,7 +29,7 @@ KINDS = (VERIFY, SEARCH)
 def expected_notes(request: PlanRequest) -> int:
     """How many progress notes a verify job makes: planning, verifying, and each compile (three per
     compiler: the step as given, inlined and patched; XLA:TPU's too for a TPU chip with libtpu)."""
-    from planner.plan.verify import libtpu_installed
+    from planner.plan.compilers.verify import libtpu_installed
 
     compilers = 1
     chip = request.chip or "cpu"
@@ -110,10 +110,10 @@ def _search(
 ) -> tuple[dict[str, Any] | None, str | None]:
     """A configuration search (`spmd-planner search`), its candidates as Ray tasks of their own (this task
     runs inside Ray); the ranking is stored as a search. Progress: candidates planned, then compiled."""
-    from api.job_models import SearchSpec
-    from planner.cli.search_command import load_builder
-    from scan_runtime.jax.candidates import candidate_grid, remat_policies
-    from scan_runtime.jax.search import report_body, search
+    from planner.search.candidates import candidate_grid, remat_policies
+    from planner.search.evaluate import load_builder
+    from planner.search.ranking import report_body, search
+    from planner.wire import SearchSpec
 
     given = SearchSpec.model_validate(spec)
     candidates = candidate_grid(given.devices, given.axes, remat_policies(given.remat), given.microbatches,

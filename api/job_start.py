@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
-from api.job_models import JobRequest
 from api.job_store import Job
 from api.jobs import JobQueue
 from api.planning import check_parses
 from api.settings import Settings
+from planner.wire import JobRequest
 
 
 def start_job(body: JobRequest, caller: str, jobs: JobQueue, settings: Settings) -> Job:

@@ -22,7 +22,7 @@ from typing import Any
 
 from api.job_store import Job, JobStore
 from api.settings import Settings
-from scan_runtime.ray_tasks import driver_path, task_memory
+from planner.search.ray_tasks import driver_path, task_memory
 
 log = logging.getLogger("spmd_planner.api")
 GIB = 1 << 30

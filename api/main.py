@@ -17,7 +17,6 @@ from api.docs import add_local_docs
 from api.job_store import JobStore
 from api.jobs import JobQueue
 from api.limits import BodySizeLimit
-from api.models import PlanRequest
 from api.openapi_examples import example_for, service_examples
 from api.rate_limit import RateLimit
 from api.request_log import RequestLog
@@ -26,6 +25,7 @@ from api.routes.plans import validation_message
 from api.settings import Settings, get_settings, store_location
 from api.store import PlanStore
 from api.worker import JobFailed, PlanWorkers
+from planner.wire import PlanRequest
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -53,7 +53,7 @@ def trimmed(value: Any) -> Any:
 
 def make_example() -> dict[str, Any]:
     from planner.data import DEFAULT_DUMP
-    from planner.hlo.parser import parse_hlo_file
+    from planner.hlo.text.parser import parse_hlo_file
     from planner.memory import chip
     from planner.mesh import Mesh
     from planner.passes import Planning, Preparation

@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from planner.errors import TOO_DEEP, HloParseError, PlannerError
-from planner.hlo.parser import parse_hlo
-from planner.hlo.printer import print_module
+from planner.hlo.text.parser import parse_hlo
+from planner.hlo.text.printer import print_module
 from planner.mesh import Mesh
 from planner.passes import Planning, Preparation
 from planner.plan.manifest import Manifest

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import zlib
 
-from api.models import PlanRecord, PlanRequest
 from api.store import PlanStore, StoredPlan
 from api.worker import JobFailed, PlanWorkers
 from planner.errors import TOO_DEEP, HloParseError, PlannerError
-from planner.hlo.parser import parse_hlo
+from planner.hlo.text.parser import parse_hlo
 from planner.plan.model import Plan
+from planner.wire import PlanRecord, PlanRequest
 
 _GZIP_MAGIC = b"\x1f\x8b"
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.models import SearchRow
 from api.views import human_bytes
+from planner.wire import SearchRow
 
 ROW_HEIGHT = 22
 LABEL_WIDTH = 360

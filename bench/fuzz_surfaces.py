@@ -7,7 +7,7 @@ wrong operand counts, cycles, unicode and control characters, gzip whole, cut sh
 far past any real module, names repeated across computations, dims and counts huge, zero and negative,
 binary noise. Each input goes through one surface:
 
-- the CLI, in process (`planner.cli.main.main`, a subcommand and flags drawn at random): exit 0 or 2,
+- the CLI, in process (`cli.main.main`, a subcommand and flags drawn at random): exit 0 or 2,
   nothing escaping, no "Traceback" printed;
 - the service, over HTTP in process (FastAPI's TestClient on `create_app`), as JSON, an uploaded file or
   pasted form text with settings drawn at random. The plan job the service runs in a child process
@@ -252,7 +252,7 @@ def time_bound(seconds: int) -> Iterator[None]:
 
 def through_cli(r: random.Random, item: Input, workdir: Path) -> str:
     """Exit status of one CLI run, as 'exit N'; raises on a traceback."""
-    from planner.cli.main import main
+    from cli.main import main
 
     path = workdir / r.choice(["step.hlo", "step.hlo.gz", "step.mlir"])
     path.write_bytes(item.data)

@@ -38,7 +38,7 @@ def rows(directory: Path) -> list[dict[str, object]]:
     from fidelity.sweep import propagation_agreement
     from planner import parse_hlo_file
     from planner.errors import PlannerError
-    from planner.hlo.frontend import front_end_of
+    from planner.hlo.structure.frontend import front_end_of
     from planner.memory import CHIPS, memory_report
     from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
     from planner.prepare import prepare

@@ -23,12 +23,12 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from xla_reference import compile_spmd, memory_total, summary  # noqa: E402
 
-from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
-from planner.hlo.parser import parse_hlo  # noqa: E402
+from planner import clear_caches  # noqa: E402
+from planner.hlo.text.compat import for_jaxlib_0_7  # noqa: E402
+from planner.hlo.text.parser import parse_hlo  # noqa: E402
 from planner.memory import memory_report  # noqa: E402
 from planner.prepare import prepare  # noqa: E402
 from planner.propagation import PropagationOptions  # noqa: E402
-from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 # Remat and Shardy steps made by `python -m fidelity.generate`, with XLA's numbers.

@@ -25,9 +25,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from xla_reference import summary  # noqa: E402
 
-from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
-from planner.hlo.parser import parse_hlo  # noqa: E402
-from planner.sharding import clear_caches  # noqa: E402
+from planner import clear_caches  # noqa: E402
+from planner.hlo.text.compat import for_jaxlib_0_7  # noqa: E402
+from planner.hlo.text.parser import parse_hlo  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 

@@ -41,14 +41,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from xla_reference import summary  # noqa: E402
 
-from planner import native  # noqa: E402
-from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
-from planner.hlo.parser import parse_hlo  # noqa: E402
+from planner import clear_caches, native  # noqa: E402
+from planner.hlo.text.compat import for_jaxlib_0_7  # noqa: E402
+from planner.hlo.text.parser import parse_hlo  # noqa: E402
 from planner.mesh import Mesh  # noqa: E402
 from planner.plan import planner as planner_module  # noqa: E402
 from planner.prepare import prepare  # noqa: E402
 from planner.propagation import propagate  # noqa: E402
-from planner.sharding import clear_caches  # noqa: E402
 
 SHARED = Path(os.environ.get("SPMD_SHARED_DIR", REPO.parent / "shared"))
 PLAN_TARGET = 0.05
@@ -92,7 +91,7 @@ os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={request['num
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if request["tpu_topology"]:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-from planner.plan.xla_compile import compile_spmd
+from planner.plan.compilers.xla_compile import compile_spmd
 _, seconds = compile_spmd(request["hlo"], request["num_devices"], True, request["tpu_topology"])
 print(json.dumps({"seconds": seconds}))
 """

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from xla_reference import compile_spmd, summary  # noqa: E402
 
 from planner.data import DEFAULT_DUMP  # noqa: E402
-from planner.hlo.compat import for_jaxlib_0_7  # noqa: E402
+from planner.hlo.text.compat import for_jaxlib_0_7  # noqa: E402
 
 
 def _free_port() -> int:
@@ -52,7 +52,7 @@ def _post(url: str, body: bytes) -> float:
 
 def _in_process_plan_seconds(hlo: str, repeat: int) -> list[float]:
     """What the server's worker does for one request: parse the text and plan it."""
-    from planner.hlo.parser import parse_hlo
+    from planner.hlo.text.parser import parse_hlo
     from planner.mesh import Mesh
     from planner.plan.planner import make_plan
     from planner.prepare import prepare

@@ -11,11 +11,11 @@ PARTITIONS = 8
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={PARTITIONS}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from planner.plan import xla_compile  # noqa: E402
+from planner.plan.compilers import xla_compile  # noqa: E402
 
 
 def compile_spmd(text: str, allow_output: bool = False, partitions: int = PARTITIONS) -> tuple[object, float]:
-    """(executable, seconds): jaxlib's SPMD compile of `text` (see `planner.plan.xla_compile`)."""
+    """(executable, seconds): jaxlib's SPMD compile of `text` (see `planner.plan.compilers.xla_compile`)."""
     return xla_compile.compile_spmd(text, partitions, allow_output)
 
 

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from train_llama_scan_jax import BATCH_SPEC, DIM, SEQ, SHAPES, SPECS, layer, make_layer
 
+from planner.search.candidates import Candidate
 from scan_runtime.jax import scan
-from scan_runtime.jax.candidates import Candidate
 
 GLOBAL_BATCH = 16
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fidelity.matching import pair_instructions
-from planner.hlo.ir import HloModule
-from planner.hlo.shapes import Shape, TupleShape, parse_shape
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.shapes import Shape, TupleShape, parse_shape
 from planner.plan.model import Plan
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult, propagate
@@ -117,7 +117,7 @@ def sharding_agreement(
 def gradient_outputs_found(prepared: PreparedModule, plan: Plan) -> set[int]:
     """Output positions of the gradients the plan's findings are about: a gradient output itself, or the
     outputs a stacked or accumulated gradient's loop element reaches."""
-    from planner.plan.scan_pairs import output_positions
+    from planner.plan.diagnosis.scan_pairs import output_positions
 
     covered: set[int] = set()
     for f in plan.findings:

@@ -157,7 +157,7 @@ class Case:
             raise ValueError(f"family={self.family!r} with num_experts={self.size.num_experts}")
         if self.front_end == "torch_xla":
             # torch_xla 2.9 only partitions with GSPMD; XLA:TPU compiles its dump ahead of time through
-            # the faithful StableHLO conversion (planner.plan.stablehlo).
+            # the faithful StableHLO conversion (planner.plan.compilers.stablehlo).
             family = "moe" if self.transformers_model == "mixtral" else "llama"
             if self.partitioner != "gspmd" or self.family != family:
                 raise ValueError(f"{self.name}: torch_xla cases are GSPMD llama steps, or transformers' Mixtral")

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.shapes import Shape, TupleShape
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import Shape, TupleShape
 
 
 def _dims(shape: Shape) -> Hashable:

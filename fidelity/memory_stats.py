@@ -1,5 +1,6 @@
 """A compiled step's memory as the references record them: XLA's statistics, bytes per device, and for
-XLA:TPU the HBM its buffer assignment holds (`hbm_bytes`, read by `planner.plan.xla_compile.hbm_allocated_bytes`).
+XLA:TPU the HBM its buffer assignment holds (`hbm_bytes`, read by
+`planner.plan.compilers.xla_compile.hbm_allocated_bytes`).
 
 XLA:TPU's statistics are not its HBM: `temp_size` adds the on-chip VMEM (memory space 1) and bytes no
 allocation of the buffer assignment accounts for (0.1 to 2.9 GiB on MaxText's steps). The allocations

@@ -36,7 +36,7 @@ CASE = Case(NAME, "jax", "gspmd", None, ModelSize(4, 512, 1408, 8, 2, 64, 8, 256
             MeshSpec((4, 2)), "llama", True, "v6e", step="lm", cross_entropy="take_along_axis",
             optimizer="adamw")  # fmt: skip
 _SOURCES = ("fidelity/mixed_outputs.py", "fidelity/steps.py", "fidelity/models.py", "fidelity/memory_stats.py",
-            "planner/plan/xla_compile.py")  # fmt: skip
+            "planner/plan/compilers/xla_compile.py")  # fmt: skip
 
 
 def reference_dir() -> Path:
@@ -130,7 +130,7 @@ def run(out: Path) -> None:
     tpu_mesh = Mesh(np.array(topology.devices[:8]).reshape(4, 2), ("fsdp", "tp"))
     step, args, options = _step(tpu_mesh)
     tpu = jax.jit(step, **options).lower(*args).compile()
-    from planner.plan.xla_compile import hbm_allocated_bytes
+    from planner.plan.compilers.xla_compile import hbm_allocated_bytes
 
     # XLA:TPU's HBM per chip: its buffer assignment of the step (XLA:CPU's are named `*cpu_after_optimizations*`).
     dumped = dumps.glob("module_*.jit_step.*after_optimizations-buffer-assignment.txt")

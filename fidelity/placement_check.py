@@ -19,14 +19,21 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fidelity.references import PROJECT_ROOT, cache_dir
 from planner.errors import UnfaithfulConversion
-from planner.hlo.frontend import is_torch_xla_module
-from planner.hlo.ir import HloModule
-from planner.hlo.printer import print_module
-from planner.hlo.shardy_import import partitioner_of
-from planner.plan.confirmation import confirms
+from planner.hlo.ir.module import HloModule
+from planner.hlo.structure.frontend import is_torch_xla_module
+from planner.hlo.text.printer import print_module
+from planner.hlo.text.shardy_import import partitioner_of
+from planner.plan.compilers.confirmation import confirms
+from planner.plan.compilers.verify import (
+    FAITHFUL,
+    OutputFlags,
+    Texts,
+    compile_forms,
+    compile_with_xla,
+    output_propagation,
+)
+from planner.plan.diagnosis.output_parameters import outputs_and_parameters
 from planner.plan.model import Plan
-from planner.plan.output_parameters import outputs_and_parameters
-from planner.plan.verify import FAITHFUL, OutputFlags, Texts, compile_forms, compile_with_xla, output_propagation
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.text import parse_sharding
 
@@ -37,7 +44,7 @@ class PlacementCheck:
 
     `xla_before` and `xla_after` compile the same representation, the module with its calls inlined
     (the one placements are written into), without and with the change set, the way `plan --verify`
-    compiles them (`planner.plan.verify.compile_forms`), so their difference is the change set's alone.
+    compiles them (`planner.plan.compilers.verify.compile_forms`), so their difference is the change set's alone.
     `xla_as_given` compiles the module as the front end produced it.
     """
 
@@ -66,7 +73,7 @@ class PlacementCheck:
 
     @property
     def confirmed(self) -> bool:
-        """The compiler measures the saving the plan claims (see `planner.plan.confirmation`)."""
+        """The compiler measures the saving the plan claims (see `planner.plan.compilers.confirmation`)."""
         return confirms(self.predicted_saving, self.xla_saving)
 
 
@@ -81,9 +88,10 @@ def _versions() -> str:
 
 
 # The code between a module's text and the compiler: a change to it changes what XLA is given, so the bytes.
-COMPILE_PATH = ("planner/plan/verify.py", "planner/plan/xla_compile.py", "planner/plan/stablehlo.py",
-                "planner/plan/round_trip.py", "planner/plan/free_outputs.py", "planner/plan/shardy_stablehlo.py",
-                "planner/hlo/seal.py", "planner/hlo/compat.py")  # fmt: skip
+COMPILE_PATH = ("planner/plan/compilers/verify.py", "planner/plan/compilers/xla_compile.py",
+                "planner/plan/compilers/stablehlo.py", "planner/plan/compilers/round_trip.py",
+                "planner/plan/compilers/free_outputs.py", "planner/plan/compilers/shardy_stablehlo.py",
+                "planner/hlo/structure/seal.py", "planner/hlo/text/compat.py")  # fmt: skip
 
 
 @functools.cache
@@ -150,7 +158,7 @@ def under_sharded_gradients(
 ) -> tuple[str, ...] | None:
     """The entry parameters whose gradient XLA returns split over fewer devices than the parameter itself.
 
-    Outputs are paired with parameters as `planner.plan.output_parameters` pairs them (same dims, in order,
+    Outputs are paired with parameters as `planner.plan.diagnosis.output_parameters` pairs them (same dims, in order,
     each parameter once), whether or not the gradient comes out of a loop: a stacked gradient is the case that
     matters most. Only outputs propagation may shard are compared (a fixed one is the user's word). None when
     XLA's outputs are not the root tuple's elements one for one: then nothing can be said of any of them.

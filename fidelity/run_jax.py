@@ -258,7 +258,7 @@ def _tpu(
         pre_propagation = case.name + TPU_PRE_PROPAGATION_SUFFIX
         (out_dir / pre_propagation).write_text(module.before_propagation.read_text())
     outputs = _output_shardings(case, compiled.output_shardings, jax.eval_shape(train_step(case, mesh), *args))
-    from planner.plan.xla_compile import hbm_allocated_bytes
+    from planner.plan.compilers.xla_compile import hbm_allocated_bytes
 
     hbm = hbm_allocated_bytes(module.buffer_assignment.read_text())
     return {

@@ -152,7 +152,7 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     if report:
         shutil.copy(report[-1], out_dir / f"{name}.memory-usage-report.txt")
     assignment = _same_module(dump_dir, module.prefix, "*after_optimizations-buffer-assignment.txt")
-    from planner.plan.xla_compile import hbm_allocated_bytes
+    from planner.plan.compilers.xla_compile import hbm_allocated_bytes
 
     hbm = hbm_allocated_bytes(assignment[-1].read_text()) if assignment else None
     partitioned = _same_module(dump_dir, module.prefix, "*after_tpu-spmd-partitioning*.txt")

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 from fidelity.shardy_lit import CaseResult, declared_meshes
-from planner.hlo.ir import Instruction
-from planner.hlo.parser import parse_hlo
-from planner.hlo.shardy_import import module_meshes
-from planner.hlo.stablehlo_text import read_stablehlo
+from planner.hlo.ir.module import Instruction
+from planner.hlo.text.parser import parse_hlo
+from planner.hlo.text.shardy_import import module_meshes
+from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.pipeline import run_export, run_import
 from planner.propagation.shardy.program import build_program
 from planner.propagation.shardy.schedule import propagate

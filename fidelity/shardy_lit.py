@@ -24,9 +24,9 @@ from pathlib import Path
 from fidelity.dangling_constraints import return_dangling_constraints
 from fidelity.named_computations import named_computations_as_calls
 from fidelity.written_edges import take_written_edges, written_edge_owners
-from planner.hlo.parser import parse_hlo
-from planner.hlo.shardy_import import module_meshes
-from planner.hlo.stablehlo_text import read_stablehlo
+from planner.hlo.text.parser import parse_hlo
+from planner.hlo.text.shardy_import import module_meshes
+from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.pipeline import apply_sharding_constraints, run_export, run_import
 from planner.propagation.shardy.program import build_program, instruction_id
 from planner.propagation.shardy.schedule import propagate

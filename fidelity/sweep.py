@@ -35,10 +35,10 @@ from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path, xla_dump_path
 from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
 from fidelity.stack_rows import StackRows, load_rows, save_rows, stack_name
-from planner.hlo.ir import HloModule
-from planner.plan.confirmation import CONFIRMED_SHARE
+from planner.hlo.ir.module import HloModule
+from planner.plan.compilers.confirmation import CONFIRMED_SHARE
+from planner.plan.compilers.verify import libtpu_installed
 from planner.plan.model import Plan
-from planner.plan.verify import libtpu_installed
 from planner.prepare import PreparedModule
 from planner.propagation import PropagationResult
 
@@ -181,7 +181,7 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
     those are compared by the (tuple, index) they read, the rest by name.
     """
     from planner import parse_hlo
-    from planner.hlo.shardy_import import SHARDY, partitioner_of
+    from planner.hlo.text.shardy_import import SHARDY, partitioner_of
     from planner.memory import memory_report
     from planner.prepare import prepare
     from planner.propagation import propagate

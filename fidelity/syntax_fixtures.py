@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.dumps import largest_module, while_shapes
-from planner.hlo import jaxlib_api
+from planner.hlo.text import jaxlib_api
 
 NAME = "syntax_step"
 WINDOW = 4  # the sliding window of the step's boolean mask constant

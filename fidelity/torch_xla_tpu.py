@@ -1,7 +1,7 @@
 """XLA:TPU's numbers for a torch_xla reference: its dumped step compiled ahead of time for the case's slice.
 
 torch_xla runs its step on the CPU devices; XLA:TPU reads modules only through jaxlib's StableHLO
-path, which the planner's faithful conversion (`planner.plan.stablehlo`) makes give XLA the module
+path, which the planner's faithful conversion (`planner.plan.compilers.stablehlo`) makes give XLA the module
 torch_xla's own XLA sees. The compile runs in a child of its own (`compile_with_xla`), away from
 the torch_xla runtime and its XLA flags, after the torch_xla runner has written the record.
 """
@@ -16,13 +16,13 @@ from typing import Any
 from fidelity.cases import Case
 
 # What the XLA:TPU part of a torch_xla reference is made from, besides the runner's own sources.
-SOURCES = ("fidelity/torch_xla_tpu.py", "planner/plan/xla_compile.py", "planner/plan/stablehlo.py",
-           "planner/plan/round_trip.py", "planner/hlo/seal.py")  # fmt: skip
+SOURCES = ("fidelity/torch_xla_tpu.py", "planner/plan/compilers/xla_compile.py", "planner/plan/compilers/stablehlo.py",
+           "planner/plan/compilers/round_trip.py", "planner/hlo/structure/seal.py")  # fmt: skip
 
 
 def add_tpu_record(case: Case, hlo: Path) -> None:
     """Compiles NAME.hlo for the case's TPU slice and writes XLA:TPU's bytes and While shapes into NAME.xla.json."""
-    from planner.plan.verify import compile_with_xla
+    from planner.plan.compilers.verify import compile_with_xla
 
     assert case.tpu_topology is not None, f"{case.name} names no TPU chip"
     t0 = time.perf_counter()

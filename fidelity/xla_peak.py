@@ -9,7 +9,7 @@ DUMP_DIR is an `--xla_dump_to` folder of a TPU compile that dumped every pass (`
 - `*after_optimizations-buffer-assignment.txt`: each value's allocation, size and memory space
   (`color`: 0 is HBM, 1 the on-chip VMEM).
 It prints the values live at that peak, summed per memory space, beside what the buffer assignment
-allocates in HBM (`planner.plan.xla_compile.hbm_allocated_bytes`, the total XLA:TPU checks against
+allocates in HBM (`planner.plan.compilers.xla_compile.hbm_allocated_bytes`, the total XLA:TPU checks against
 the chip), and the HBM heap (the temporaries' allocation) beside the most its values hold at once by
 their live ranges: the difference is how XLA:TPU packed the heap. The live-range peak leaves out
 entry parameters after their last use, whose allocations the caller still holds, so it is not the
@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.plan.xla_compile import hbm_allocated_bytes
+from planner.plan.compilers.xla_compile import hbm_allocated_bytes
 
 _PEAK = re.compile(r"^\s*Live ranges at (\d+) \(peak\):", re.M)
 _RANGE = re.compile(r"^    (\S+?)(\{[^}]*\}):(\d+)-(\d+)$", re.M)

@@ -75,3 +75,7 @@ class UnfaithfulConversion(Unverifiable):
 # What a recursion that ran out of stack reports: the parser bounds tuple nesting, so reaching this means
 # another walk met a structure deeper than any real module's.
 TOO_DEEP = "the module nests too deeply for the planner (a recursive walk ran out of stack)"
+
+
+class PlanMismatch(ValueError):
+    """A plan that does not fit the model or mesh it is applied to; the message names the mismatch."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _AXIS = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(\d+)\s*")
 # Far above the largest slices (v5p: 8,960 chips) and their multislice combinations; a mesh above it is a
@@ -56,3 +57,17 @@ class Mesh:
 
     def to_text(self) -> str:
         return ",".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
+
+
+def to_planner_mesh(mesh: Any) -> Mesh:
+    """A torch_xla `Mesh`, a `jax.sharding.Mesh` (or the planner's own) as the planner's `Mesh`."""
+    import numpy as np
+
+    if isinstance(mesh, Mesh):
+        return mesh
+    if not hasattr(mesh, "mesh_shape") and hasattr(mesh, "devices"):
+        # JAX: jit assigns the mesh's devices in order, so the module's device ids are positions in it.
+        return Mesh(tuple(int(n) for n in mesh.devices.shape), tuple(str(a) for a in mesh.axis_names))
+    names = tuple(mesh.axis_names) if mesh.axis_names else tuple(f"axis{i}" for i in range(len(mesh.mesh_shape)))
+    devices = np.asarray(mesh.device_ids).reshape(-1)
+    return Mesh(tuple(int(n) for n in mesh.mesh_shape), names, tuple(int(d) for d in devices))

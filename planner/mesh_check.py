@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 from planner.mesh import Mesh
 from planner.sharding.hlo_sharding import Kind
 

@@ -38,7 +38,8 @@ import torch_xla.core.xla_model as xm
 from torch.nn.utils.stateless import _reparametrize_module
 
 from planner.mesh import Mesh
-from planner.plan.manifest import Manifest, ManifestParameter, spec_from_sharding
+from planner.plan.manifest import Manifest, ManifestParameter
+from planner.sharding.partition_spec import spec_from_sharding
 from planner.sharding.text import parse_sharding
 
 

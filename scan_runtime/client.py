@@ -1,6 +1,6 @@
 """Getting a plan: from the planner service, or in-process when no URL is set.
 
-A plan's id is the service's own recipe (`api.models.PlanRequest.content_hash`: HLO, mesh, capacity,
+A plan's id is the service's own recipe (`planner.wire.PlanRequest.content_hash`: HLO, mesh, capacity,
 manifest, options, planner version), so the id the client prints opens the plan on the service
 (`GET /plans/{id}`), and an in-process plan has the id the service would give it.
 
@@ -23,24 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from api.models import MeshSpec, PlanOptions, PlanRequest
-from planner.hlo.parser import parse_hlo
+from planner.hlo.text.parser import parse_hlo
 from planner.memory import chip as chip_preset
-from planner.mesh import Mesh
+from planner.mesh import to_planner_mesh
 from planner.passes import Planning, Preparation
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
 from planner.user_dirs import user_cache_dir
-
-
-class PlannerUnavailable(RuntimeError):
-    """The planner service could not be reached or did not answer in time."""
-
-
-class PlannerRefused(RuntimeError):
-    """The planner answered, and refused the request (bad HLO, a mesh that does not fit, ...)."""
+from planner.wire import MeshSpec, PlannerRefused, PlannerUnavailable, PlanOptions, PlanRecord, PlanRequest
 
 
 @dataclass(frozen=True)
@@ -137,12 +127,12 @@ class PlannerClient:
                 time.sleep(min(2**attempt, 10))
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    answer = json.loads(response.read())
-                if answer.get("id") != key:
+                    answer = PlanRecord.model_validate_json(response.read())
+                if answer.id != key:
                     # Another planner version or recipe: the id printed would not open this plan.
-                    raise PlannerRefused(f"the planner at {self.url} stored the plan as {answer.get('id')!r}, "
+                    raise PlannerRefused(f"the planner at {self.url} stored the plan as {answer.id!r}, "
                                          f"not {key!r}: is it another version of the planner?")  # fmt: skip
-                return Plan.model_validate(answer["plan"]), "service (stored)" if answer.get("cached") else "service"
+                return answer.plan, "service (stored)" if answer.cached else "service"
             except urllib.error.HTTPError as e:
                 detail = _detail(e)
                 if e.code < 500 or e.code == 504:  # the request itself is at fault, or too slow to retry
@@ -159,15 +149,3 @@ def _detail(e: urllib.error.HTTPError) -> str:
         return str(json.loads(e.read()).get("detail"))
     except (ValueError, AttributeError):
         return e.reason if isinstance(e.reason, str) else ""
-
-
-def to_planner_mesh(mesh: Any) -> Mesh:
-    """A torch_xla `Mesh`, a `jax.sharding.Mesh` (or the planner's own) as the planner's `Mesh`."""
-    if isinstance(mesh, Mesh):
-        return mesh
-    if not hasattr(mesh, "mesh_shape") and hasattr(mesh, "devices"):
-        # JAX: jit assigns the mesh's devices in order, so the module's device ids are positions in it.
-        return Mesh(tuple(int(n) for n in mesh.devices.shape), tuple(str(a) for a in mesh.axis_names))
-    names = tuple(mesh.axis_names) if mesh.axis_names else tuple(f"axis{i}" for i in range(len(mesh.mesh_shape)))
-    devices = np.asarray(mesh.device_ids).reshape(-1)
-    return Mesh(tuple(int(n) for n in mesh.mesh_shape), names, tuple(int(d) for d in devices))

@@ -17,12 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.errors import PlanMismatch
+from planner.plan.fixes.placements import PIN_OUTPUT, PIN_PARAMETER
 from planner.plan.model import Plan
-from planner.plan.placements import PIN_OUTPUT, PIN_PARAMETER
-
-
-class PlanMismatch(ValueError):
-    """A plan that does not fit the model or mesh it is applied to; the message names the mismatch."""
 
 
 @dataclass(frozen=True, eq=False)

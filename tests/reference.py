@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fidelity.agreement import per_device_dims
 from planner import parse_hlo, parse_hlo_file, parse_sharding
-from planner.hlo.shapes import Shape
+from planner.hlo.ir.shapes import Shape
 from planner.prepare import prepare
 from planner.propagation import PropagationOptions, PropagationResult, propagate
 

@@ -12,14 +12,14 @@ from conftest import CORPUS
 from fastapi.testclient import TestClient
 
 from api import create_app
-from api.job_models import JobList, JobRecord, JobRequest
-from api.models import PlanRecord, PlanRequest
+from api.job_models import JobList, JobRecord
 from api.openapi_examples import example_plan, make_example
 from api.settings import Settings
 from api.worker import PlanWorkers
 from planner import parse_hlo
 from planner.data import DEFAULT_DUMP
 from planner.plan.model import Plan
+from planner.wire import JobRequest, PlanRecord, PlanRequest
 
 DUMP = DEFAULT_DUMP.read_text()
 MESH = {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}

@@ -22,9 +22,9 @@ from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.mesh import Mesh
-from planner.plan.findings import GRADIENT_KINDS
+from planner.plan.diagnosis.findings import GRADIENT_KINDS
+from planner.plan.fixes.placements import PIN_OUTPUT
 from planner.plan.model import Plan
-from planner.plan.placements import PIN_OUTPUT
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
 

@@ -24,13 +24,13 @@ import pytest
 pytest.importorskip("torch_xla")
 pytest.importorskip("transformers")
 
-from planner.hlo.parser import parse_hlo
-from planner.hlo.shapes import TupleShape
+from planner.hlo.ir.shapes import TupleShape
+from planner.hlo.text.parser import parse_hlo
 from planner.mesh import Mesh
+from planner.plan.compilers.verify import compile_with_torch_xla
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
 from planner.plan.verdict import signed_error
-from planner.plan.verify import compile_with_torch_xla
 from scan_runtime.client import PlannerClient
 
 REPO = Path(__file__).resolve().parents[1]

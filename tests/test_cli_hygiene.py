@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from cli import main
 from planner.data import DEFAULT_DUMP
 
 SPMD_PLANNER = str(Path(sys.executable).parent / "spmd-planner")
@@ -87,7 +87,7 @@ def test_an_error_without_a_file_is_not_called_a_read_of_none(monkeypatch, capsy
     def fails(args: object) -> int:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr("planner.cli.parse_command.run", fails)
+    monkeypatch.setattr("cli.parse_command.run", fails)
     assert main(["parse"]) == 2
     assert capsys.readouterr().err == "spmd-planner: Input/output error\n"
 

@@ -117,7 +117,7 @@ def test_dockerfile_steps_install_and_serve(tmp_path: Path) -> None:
                                   capture_output=True, text=True, timeout=1200)  # fmt: skip
             assert done.returncode == 0, done.stderr[-2000:]
     tiny = "HloModule m, num_partitions=8\n\nENTRY e {\n  ROOT p = f32[8,16]{1,0} parameter(0), sharding={devices=[8,1]<=[8]}\n}\n"
-    check = subprocess.run([str(venv / "bin" / "python"), "-m", "planner.plan.xla_compile"],
+    check = subprocess.run([str(venv / "bin" / "python"), "-m", "planner.plan.compilers.xla_compile"],
                            input=json.dumps({"hlo": tiny, "num_devices": 8}), capture_output=True, text=True,
                            env=env, cwd=tmp_path, timeout=300)  # fmt: skip
     assert check.returncode == 0, check.stderr[-2000:]

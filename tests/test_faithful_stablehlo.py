@@ -18,11 +18,11 @@ from conftest import CORPUS
 
 from planner.data import DEFAULT_DUMP
 from planner.errors import UnfaithfulConversion
-from planner.hlo.compat import for_jaxlib_0_7
-from planner.hlo.parser import parse_hlo, parse_hlo_file
-from planner.hlo.printer import print_module
-from planner.hlo.seal import SealInstructions, SealLoopPassThrough
-from planner.plan.verify import (
+from planner.hlo.structure.seal import SealInstructions, SealLoopPassThrough
+from planner.hlo.text.compat import for_jaxlib_0_7
+from planner.hlo.text.parser import parse_hlo, parse_hlo_file
+from planner.hlo.text.printer import print_module
+from planner.plan.compilers.verify import (
     FAITHFUL,
     Predicted,
     Texts,
@@ -73,7 +73,7 @@ def test_jaxlib_xla_cpu_on_the_faithful_stablehlo_allocates_torch_xlas_bytes(tru
     ],
 )
 def test_the_conversion_keeps_a_module_or_refuses_it_with_the_reason(fixture: str, refusal: str | None) -> None:
-    from planner.plan.stablehlo import faithful_stablehlo
+    from planner.plan.compilers.stablehlo import faithful_stablehlo
 
     module = parse_hlo_file(ROUND_TRIP / f"{fixture}.hlo")
     if refusal is None:
@@ -86,8 +86,8 @@ def test_the_conversion_keeps_a_module_or_refuses_it_with_the_reason(fixture: st
 @pytest.mark.xla
 def test_the_round_trip_check_refuses_what_the_plain_conversion_gives_back() -> None:
     """hlo_to_stablehlo alone: the canonicalizer folds the bundled dump's broadcasts, slices and loop tuples."""
-    from planner.plan.round_trip import check_round_trip
-    from planner.plan.stablehlo import faithful_stablehlo, plain_stablehlo
+    from planner.plan.compilers.round_trip import check_round_trip
+    from planner.plan.compilers.stablehlo import faithful_stablehlo, plain_stablehlo
 
     text = for_jaxlib_0_7(DEFAULT_DUMP.read_text())
     module = parse_hlo(text)
@@ -101,8 +101,8 @@ def test_the_round_trip_check_refuses_what_the_plain_conversion_gives_back() -> 
 def test_the_round_trip_check_refuses_a_conversion_that_drops_buffer_donors() -> None:
     """hlo_to_stablehlo alone drops `buffer_donor`; XLA could then not reuse a donated buffer for an output."""
     from planner.memory.donation import buffer_donors
-    from planner.plan.round_trip import check_round_trip
-    from planner.plan.stablehlo import plain_stablehlo
+    from planner.plan.compilers.round_trip import check_round_trip
+    from planner.plan.compilers.stablehlo import plain_stablehlo
 
     text = (ROUND_TRIP / "buffer_donor.hlo").read_text()
     module = parse_hlo(text)
@@ -188,8 +188,8 @@ def test_derived_forms_the_faithful_conversion_refuses_compile_as_the_given_one(
 def test_an_iota_with_unit_dims_is_expected_as_the_1d_iota_and_reshape_mlir_makes(
     iota: str, parts: tuple[str, str] | None
 ) -> None:
-    from planner.hlo.printer import print_instruction
-    from planner.plan.round_trip import canonicalized_alone, split_iota_of
+    from planner.hlo.text.printer import print_instruction
+    from planner.plan.compilers.round_trip import canonicalized_alone, split_iota_of
 
     module = parse_hlo(f"HloModule m\n\nENTRY %e {{\n  ROOT %i = {iota}\n}}\n")
     split = split_iota_of(module.entry, module.entry.root)

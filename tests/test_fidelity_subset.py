@@ -82,7 +82,7 @@ def test_verify_compiles_for_tpu_as_the_sweep_does() -> None:
     """`plan --verify` with a TPU preset compiles the HLO text with libtpu; the sweep compiles the same
     step through JAX's ahead-of-time API. Same compiler, same slice, same options: the same bytes."""
     from planner import parse_hlo
-    from planner.plan.verify import compile_with_xla, output_propagation
+    from planner.plan.compilers.verify import compile_with_xla, output_propagation
 
     case = next(c for c in CI_SUBSET if c.front_end == "jax" and c.partitioner == "gspmd" and c.chip == "v6e")
     ensure_references([case])

@@ -7,8 +7,8 @@ own loop, which needs each While to have a body of its own.
 
 from __future__ import annotations
 
-from planner.hlo.flatten import flatten_call_graph
-from planner.hlo.parser import parse_hlo
+from planner.hlo.structure.flatten import flatten_call_graph
+from planner.hlo.text.parser import parse_hlo
 from planner.prepare import prepare
 from planner.prepare.cse import HloCse
 

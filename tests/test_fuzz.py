@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import HloParseError, PlannerError
-from planner.hlo.parser import parse_hlo
+from planner.hlo.text.parser import parse_hlo
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
 

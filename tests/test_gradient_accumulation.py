@@ -18,12 +18,12 @@ from fidelity.cases import ACCUMULATION_CASES, Case
 from fidelity.placement_check import compiled
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
-from planner.hlo.loops import while_loops
-from planner.hlo.printer import print_module
+from planner.hlo.structure.loops import while_loops
+from planner.hlo.text.printer import print_module
 from planner.memory import estimate_memory, memory_timeline
+from planner.plan.compilers.verify import output_propagation
+from planner.plan.diagnosis.scan_pairs import output_positions
 from planner.plan.planner import make_plan
-from planner.plan.scan_pairs import output_positions
-from planner.plan.verify import output_propagation
 from planner.prepare import prepare
 from planner.propagation import propagate
 

@@ -24,11 +24,11 @@ from fidelity.references import ensure_references, reference_path
 from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
 from planner import parse_hlo
 from planner.errors import PlanningError
-from planner.hlo.compile_defaults import OUTPUT_FLAGS, output_flags_from_root
-from planner.hlo.stablehlo_text import read_stablehlo
+from planner.hlo.text.compile_defaults import OUTPUT_FLAGS, output_flags_from_root
+from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.memory import memory_report
+from planner.plan.compilers.verify import compile_with_xla, output_propagation
 from planner.plan.planner import make_plan
-from planner.plan.verify import compile_with_xla, output_propagation
 from planner.prepare import prepare
 from planner.propagation import propagate
 

@@ -20,9 +20,9 @@ import pytest
 
 from fidelity.agreement import while_shape_mismatches
 from planner import parse_hlo
-from planner.hlo.shardy_import import SHARDY, partitioner_of
-from planner.hlo.stablehlo_text import read_stablehlo
-from planner.plan.verify import compile_with_xla, output_propagation
+from planner.hlo.text.shardy_import import SHARDY, partitioner_of
+from planner.hlo.text.stablehlo_text import read_stablehlo
+from planner.plan.compilers.verify import compile_with_xla, output_propagation
 from planner.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[1]

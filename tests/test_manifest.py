@@ -9,10 +9,11 @@ from conftest import CORPUS
 
 from planner import parse_hlo, parse_hlo_file, parse_sharding
 from planner.mesh import Mesh
-from planner.plan.manifest import Manifest, layer_relative, spec_sharding
-from planner.plan.output_parameters import outputs_and_parameters
+from planner.plan.diagnosis.output_parameters import outputs_and_parameters
+from planner.plan.manifest import Manifest, layer_relative
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
+from planner.sharding.partition_spec import spec_sharding
 
 TRUTHS = sorted(CORPUS.glob("torch_xla/*.truth.json"))
 

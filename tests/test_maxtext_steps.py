@@ -22,7 +22,7 @@ from conftest import CORPUS, REPO
 from fidelity.run_maxtext import reference_bytes
 from fidelity.sweep import propagation_agreement
 from planner import parse_hlo_file
-from planner.hlo.frontend import MAXTEXT, front_end_of
+from planner.hlo.structure.frontend import MAXTEXT, front_end_of
 from planner.memory import CHIPS, memory_report
 from planner.plan.verdict import DOES_NOT_FIT, FITS, VERDICT_MARGIN, band_of, call
 from planner.prepare import prepare

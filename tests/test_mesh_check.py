@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS
 
-from planner.hlo.parser import parse_hlo_file
+from planner.hlo.text.parser import parse_hlo_file
 from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
 

@@ -19,15 +19,16 @@ from conftest import CORPUS
 
 from planner import parse_hlo_file, parse_sharding
 from planner.data import DEFAULT_DUMP
-from planner.hlo.inline import inline_calls
-from planner.hlo.ir import HloModule
-from planner.hlo.loops import while_loops
+from planner.hlo.ir.debug_info import short_op_name
+from planner.hlo.ir.module import HloModule
+from planner.hlo.structure.inline import inline_calls
+from planner.hlo.structure.loops import while_loops
 from planner.mesh import Mesh
+from planner.plan.diagnosis.scan_pairs import layer_sharding, output_positions, stacked_gradients
+from planner.plan.fixes.names import name_table, without_layer
 from planner.plan.manifest import Manifest, ManifestParameter
 from planner.plan.model import Plan
-from planner.plan.names import name_table, short_op_name, without_layer
 from planner.plan.planner import make_plan
-from planner.plan.scan_pairs import layer_sharding, output_positions, stacked_gradients
 from planner.prepare import prepare
 from planner.propagation import propagate
 

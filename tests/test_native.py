@@ -24,7 +24,7 @@ _SNAPSHOT = """
 import json, sys
 from pathlib import Path
 from planner import native
-from planner.hlo.parser import parse_hlo
+from planner.hlo.text.parser import parse_hlo
 from planner.memory import memory_report
 from planner.prepare import prepare
 from planner.propagation import propagate

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 
 from planner import parse_hlo_file
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 from planner.memory import chip, memory_report
 from planner.mesh import Mesh
-from planner.plan.model import Plan
-from planner.plan.next_steps import (
+from planner.plan.fixes.next_steps import (
     Step,
     beyond_sharding,
     predict_more_fsdp_chips,
     predict_smaller_microbatch,
 )
-from planner.plan.remesh import axis_layout, move_sharding
+from planner.plan.fixes.remesh import axis_layout, move_sharding
+from planner.plan.model import Plan
 from planner.prepare import prepare
 from planner.propagation import propagate
 from planner.sharding.text import parse_sharding
@@ -117,7 +117,7 @@ REMAT_S2048 = "jax_llama_full_bf16_gspmd_fsdp64_tp4_L126_D16384_pinned"
 # |predicted - XLA:TPU| / XLA:TPU against XLA:TPU's HBM (its buffer assignment in memory space 0, the sweep's
 # measure): what was measured (in the comment), rounded up a little. The sweep's band for XLA:TPU
 # (planner/data/memory_accuracy.json) is far wider; these steps are the model's best case, and the bounds are
-# there to catch a regression. Remat is the per-buffer accounting (planner.plan.next_steps). Against the
+# there to catch a regression. Remat is the per-buffer accounting (planner.plan.fixes.next_steps). Against the
 # compiled statistics' total these were -17.8% (remat) and -6.3% (remat_s2048): the statistics add VMEM and
 # 2 GB no allocation of XLA:TPU's lists.
 TOLERANCE = {

@@ -37,9 +37,9 @@ from test_fuzz import mutate
 from xla_parser_oracle import XlaParser, XlaVerdict
 
 from planner.errors import HloParseError
-from planner.hlo.compat import for_jaxlib_0_7
-from planner.hlo.opcode_attributes import KNOWN_KEYS, MODULE_ATTRIBUTES
-from planner.hlo.parser import parse_hlo
+from planner.hlo.text.compat import for_jaxlib_0_7
+from planner.hlo.text.opcode_attributes import KNOWN_KEYS, MODULE_ATTRIBUTES
+from planner.hlo.text.parser import parse_hlo
 
 pytestmark = pytest.mark.xla
 

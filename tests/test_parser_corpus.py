@@ -8,8 +8,8 @@ import pytest
 from conftest import corpus_hlo_files, xla_cases
 
 from planner import HloModule, parse_hlo, parse_hlo_file, print_module
-from planner.hlo.compat import for_jaxlib_0_7
-from planner.hlo.shapes import TupleShape
+from planner.hlo.ir.shapes import TupleShape
+from planner.hlo.text.compat import for_jaxlib_0_7
 
 CORPUS_FILES = corpus_hlo_files()
 CASES = xla_cases()

@@ -278,7 +278,7 @@ def test_long_line_is_clipped_around_the_column() -> None:
 
 
 def test_error_from_cli_exits_2_with_location(tmp_path) -> None:
-    from planner.cli import main
+    from cli import main
 
     bad = tmp_path / "bad.hlo"
     bad.write_text(HEAD + "ENTRY e {\n  ROOT a = f32[4] add(p, q)\n}\n")

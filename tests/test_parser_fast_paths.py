@@ -18,13 +18,13 @@ import pytest
 from conftest import CORPUS, xla_cases
 
 from planner.errors import HloParseError
-from planner.hlo import instruction_parser as ip
-from planner.hlo import parser
-from planner.hlo.compat import for_jaxlib_0_7
-from planner.hlo.ir import HloModule
-from planner.hlo.opcodes import arity_problem
-from planner.hlo.parse_state import ParseState, Scope
-from planner.hlo.printer import print_module
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.opcodes import arity_problem
+from planner.hlo.text import instruction_parser as ip
+from planner.hlo.text import parser
+from planner.hlo.text.compat import for_jaxlib_0_7
+from planner.hlo.text.parse_state import ParseState, Scope
+from planner.hlo.text.printer import print_module
 
 _TOKEN = re.compile(r"[%\w.\-]+|[{}()\[\],=:]")
 _JUNK = ["{", "}", "(", ")", ",", ", ", "=", "%", " /* c */ ", "\n", "\n  ", '"', "f32[2]{0} ", "ROOT ", "/*index=5*/"]

@@ -17,8 +17,8 @@ import pytest
 from fidelity.agreement import while_shape_mismatches
 from planner import parse_hlo
 from planner.errors import HloParseError, PlannerError
-from planner.hlo.attributes import ReplicaGroups
-from planner.hlo.shardy_import import SHARDY, module_mesh, partitioner_of
+from planner.hlo.ir.attributes import ReplicaGroups
+from planner.hlo.text.shardy_import import SHARDY, module_mesh, partitioner_of
 from planner.memory import memory_report
 from planner.prepare import prepare
 from planner.sharding.text import parse_sharding

@@ -14,7 +14,7 @@ import pytest
 from xla_parser_oracle import XlaParser
 
 from planner.errors import HloParseError
-from planner.hlo.parser import parse_hlo
+from planner.hlo.text.parser import parse_hlo
 
 HEAD = "HloModule m\n\n"
 ADD = HEAD + "add {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n\n"

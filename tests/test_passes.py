@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from planner.data import DEFAULT_DUMP
-from planner.hlo.parser import parse_hlo_file
+from planner.hlo.text.parser import parse_hlo_file
 from planner.memory import estimate_memory
 from planner.mesh import Mesh
 from planner.passes import PASSES, MemoryEstimation, Planning, Preparation, ShardingPropagation

@@ -21,7 +21,7 @@ from planner.memory.estimation import estimate_memory
 from planner.memory.holders import Holder, holders_at_peak
 from planner.memory.model import MemoryEstimate
 from planner.mesh import Mesh
-from planner.plan.peak_holders import holder_names, peak_holders
+from planner.plan.diagnosis.peak_holders import holder_names, peak_holders
 from planner.prepare import PreparedModule, prepare
 from planner.propagation import PropagationResult, propagate
 

@@ -9,12 +9,12 @@ import pytest
 from conftest import CORPUS
 
 from planner import parse_hlo, parse_hlo_file, print_module
-from planner.hlo.shapes import parse_shape
+from planner.hlo.ir.shapes import parse_shape
 from planner.mesh import Mesh
-from planner.plan.findings import buffer_findings
-from planner.plan.placements import apply_placements, pin_parameter
+from planner.plan.diagnosis.findings import buffer_findings
+from planner.plan.diagnosis.scan_pairs import stacked_gradients
+from planner.plan.fixes.placements import apply_placements, pin_parameter
 from planner.plan.planner import IDLE_WHY, PIN_EVERY_PARAMETER, make_plan, per_device_while_shapes, simulate
-from planner.plan.scan_pairs import stacked_gradients
 from planner.prepare import prepare, reprepare
 from planner.propagation import propagate
 from planner.scanner import Cursor

@@ -17,10 +17,10 @@ from conftest import CORPUS
 from fidelity.cases import CI_SUBSET, Case
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file, parse_sharding
-from planner.hlo.loops import invariant_elements, while_loops
-from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
-from planner.plan.findings import buffer_findings
-from planner.plan.scan_pairs import reaches_output, stacked_gradients
+from planner.hlo.ir.shapes import ArrayShape, TupleShape, parse_shape
+from planner.hlo.structure.loops import invariant_elements, while_loops
+from planner.plan.diagnosis.findings import buffer_findings
+from planner.plan.diagnosis.scan_pairs import reaches_output, stacked_gradients
 from planner.prepare import prepare
 from planner.propagation import propagate
 from planner.scanner import Cursor
@@ -111,7 +111,7 @@ def _is_gradient(module, loop_name: str, index: int) -> bool:
 
 
 def test_shard_group_conflict_in_llama_scan_is_reported_with_members() -> None:
-    from planner.plan.groups import shard_group_conflicts
+    from planner.plan.diagnosis.groups import shard_group_conflicts
 
     prepared = prepare(parse_hlo_file(CORPUS / "torch_xla" / "llama_scan_L8_fsdp4_tp2.hlo"))
     conflicts = shard_group_conflicts(prepared, propagate(prepared))
@@ -136,7 +136,7 @@ ROOT_CAUSE_CASES = [
 @pytest.mark.parametrize("case", ROOT_CAUSE_CASES, ids=[c.split("/")[1] for c in ROOT_CAUSE_CASES])
 def test_root_cause_is_the_weight_gradient_dot_dropping_fsdp(case: str) -> None:
     from planner.mesh import Mesh
-    from planner.plan.root_cause import root_cause
+    from planner.plan.diagnosis.root_cause import root_cause
 
     prepared = prepare(parse_hlo_file(CORPUS / f"{case}.hlo"))
     module, result = prepared.module, propagate(prepared)

@@ -14,7 +14,7 @@ from planner import parse_hlo_file
 from planner.data import DEFAULT_DUMP
 from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
-from planner.plan.plan_warnings import plan_warnings
+from planner.plan.diagnosis.plan_warnings import plan_warnings
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from planner import parse_hlo
-from planner.hlo.ir import HloModule
-from planner.hlo.loops import while_loops
+from planner.hlo.ir.module import HloModule
+from planner.hlo.structure.loops import while_loops
 from planner.prepare import prepare
 from planner.prepare.algebraic_simplifier import AlgebraicSimplifier
 from planner.prepare.constant_sinking import WhileLoopConstantSinking

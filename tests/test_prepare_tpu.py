@@ -23,9 +23,9 @@ from fidelity.cases import CI_SUBSET, Case
 from fidelity.placement_check import check_change_set
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
-from planner.hlo.loops import while_loops
+from planner.hlo.structure.loops import while_loops
 from planner.mesh import Mesh
-from planner.plan.placements import Annotation, Placement, apply_placements
+from planner.plan.fixes.placements import Annotation, Placement, apply_placements
 from planner.plan.planner import make_plan
 from planner.prepare import annotate, prepare, reprepare
 from planner.propagation import propagate

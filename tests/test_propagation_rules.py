@@ -69,7 +69,7 @@ ENTRY e {
 def test_iteration_backstop_names_the_instruction_that_kept_changing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A fixed point not reached in the allowed iterations is a PlanningError naming the last change."""
     from planner.errors import PlanningError
-    from planner.propagation import driver
+    from planner.propagation.gspmd import driver
 
     module = parse_hlo(
         """HloModule m

@@ -11,9 +11,9 @@ from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.mesh import Mesh
 from planner.plan import planner
-from planner.plan.confirmation import CONFIRMED_SHARE, confirmation, confirms
+from planner.plan.compilers.confirmation import CONFIRMED_SHARE, confirmation, confirms
+from planner.plan.fixes.placements import PIN_OUTPUT
 from planner.plan.model import TpuVerification, Verification
-from planner.plan.placements import PIN_OUTPUT
 from planner.plan.planner import IDLE_WHY, UNCLAIMED_OUTPUT_WHY, make_plan
 from planner.prepare import prepare
 

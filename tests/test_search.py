@@ -12,15 +12,15 @@ import pytest
 from conftest import REPO
 from live_server import live_server
 
-from planner.cli.search_command import load_builder
-from planner.hlo.parser import parse_hlo
+from cli.search_command import load_builder
+from planner.hlo.text.parser import parse_hlo
 from planner.mesh import Mesh
 from planner.plan.cost import dot_flops_per_device
 from planner.prepare import prepare
 from planner.propagation import propagate
-from scan_runtime.jax.candidates import Candidate, candidate_grid, factorizations
-from scan_runtime.jax.evaluate import Evaluation
-from scan_runtime.jax.search import rank
+from planner.search.candidates import Candidate, candidate_grid, factorizations
+from planner.search.evaluate import Evaluation
+from planner.search.ranking import rank
 
 MIB = 1 << 20
 
@@ -151,7 +151,7 @@ def test_search_without_ray_says_which_extra_to_install(
 ) -> None:
     import importlib.util
 
-    from planner.cli.main import main
+    from cli.main import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from api import create_app
-from api.models import SearchReportBody, SearchRow
 from api.settings import Settings
+from planner.wire import SearchReportBody, SearchRow
 
 GIB = 1 << 30
 REPORT = SearchReportBody(

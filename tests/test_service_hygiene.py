@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api import create_app
-from api.models import PlanRequest
 from api.settings import Settings
 from planner.data import DEFAULT_DUMP
 from planner.version import planner_version
+from planner.wire import PlanRequest
 
 # One weight split 4 ways on dim 0 and 2 ways on dim 1 over devices 0..7: a 4x2 mesh, not a 2x4 one.
 SMALL_HLO = (

@@ -14,9 +14,9 @@ import pytest
 from xla_parser_oracle import XlaParser
 
 from planner.errors import HloParseError
-from planner.hlo.ir import Attribute
-from planner.hlo.parser import parse_hlo
-from planner.hlo.shape_inference import infer_shape
+from planner.hlo.inference.shapes import infer_shape
+from planner.hlo.ir.module import Attribute
+from planner.hlo.text.parser import parse_hlo
 
 ADD = "%add (x: f32[], y: f32[]) -> f32[] {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n"
 GE = "%ge {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n  ROOT c = pred[] compare(x, y), direction=GE\n}\n"

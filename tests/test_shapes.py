@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.hlo.shapes import ArrayShape, TupleShape, parse_shape
+from planner.hlo.ir.shapes import ArrayShape, TupleShape, parse_shape
 from planner.scanner import Cursor
 
 

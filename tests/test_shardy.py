@@ -12,8 +12,8 @@ import pytest
 
 from planner import parse_hlo
 from planner.errors import HloParseError
-from planner.hlo.frontend_attributes import FrontendAttributes
-from planner.hlo.shardy_import import module_mesh, partitioner_of, resolve_mesh, to_gspmd
+from planner.hlo.ir.frontend_attributes import FrontendAttributes
+from planner.hlo.text.shardy_import import module_mesh, partitioner_of, resolve_mesh, to_gspmd
 from planner.mesh import Mesh
 from planner.prepare import prepare
 from planner.propagation import propagate
@@ -234,7 +234,7 @@ def test_gspmd_module_is_untouched() -> None:
 def test_shardy_lowered_text_says_which_outputs_are_pinned() -> None:
     """JAX returns a pinned output through a FuncResultSharding call with closed dims; a free one directly or
     through open dims. `{replicated}` on the root, which JAX writes for both, is not consulted."""
-    from planner.hlo.compile_defaults import output_flags_from_root
+    from planner.hlo.text.compile_defaults import output_flags_from_root
 
     text = RESULTS.replace("HloModule m,", "HloModule jit_step,")
     assert output_flags_from_root(parse_hlo(text)) == (False, True)

@@ -1,4 +1,4 @@
-"""A Shardy step compiles with Shardy as JAX compiled it (`planner.plan.shardy_stablehlo`): the step as given,
+"""A Shardy step compiles with Shardy as JAX compiled it (`planner.plan.compilers.shardy_stablehlo`): the step as given,
 its inlined Shardy form (what a change set is written into), and a change set written there.
 
 Run on both stacks (jax 0.7.1 writes the module's meshes; jax 0.12's text names `@mesh` undeclared).
@@ -17,13 +17,13 @@ from fidelity.placement_check import check_change_set, compiled
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
 from planner.errors import UnfaithfulConversion
-from planner.hlo import jaxlib_api
-from planner.hlo.jaxlib_api import jaxlib_version
-from planner.hlo.parser import parse_hlo
-from planner.hlo.printer import print_module
+from planner.hlo.text import jaxlib_api
+from planner.hlo.text.jaxlib_api import jaxlib_version
+from planner.hlo.text.parser import parse_hlo
+from planner.hlo.text.printer import print_module
+from planner.plan.compilers.shardy_stablehlo import import_shardy, meshes_text
+from planner.plan.compilers.verify import output_propagation
 from planner.plan.planner import make_plan
-from planner.plan.shardy_stablehlo import import_shardy, meshes_text
-from planner.plan.verify import output_propagation
 from planner.prepare import prepare
 
 pytestmark = pytest.mark.xla
@@ -139,7 +139,7 @@ def test_a_round_trip_call_jaxlib_cannot_import_is_refused_by_name() -> None:
 
 
 def test_a_shard_map_not_written_as_xla_writes_it_is_refused() -> None:
-    from planner.plan.shard_map_import import import_shard_maps
+    from planner.plan.compilers.shard_map_import import import_shard_maps
 
     text = (
         "module {\n  func.func @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {\n"

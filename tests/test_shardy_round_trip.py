@@ -19,9 +19,9 @@ import pytest
 from fidelity.references import cache_dir
 from planner import parse_hlo, parse_hlo_file
 from planner.errors import UnsupportedHlo
-from planner.hlo.ir import HloModule
-from planner.hlo.printer import print_module
-from planner.hlo.shapes import TupleShape
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.shapes import TupleShape
+from planner.hlo.text.printer import print_module
 from planner.prepare.front import CallInlining
 from planner.prepare.shardy_round_trip import ShardyRoundTrip
 

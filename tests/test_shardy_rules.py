@@ -32,9 +32,9 @@ from conftest import SHARED
 
 from planner import parse_hlo
 from planner.errors import HloParseError
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.shapes import ArrayShape
-from planner.hlo.stablehlo_text import read_stablehlo
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.registry import no_rule_reason, sharding_rule
 from planner.propagation.shardy.registry_rule_text import parse_rule
 from planner.propagation.shardy.rule import OpShardingRule

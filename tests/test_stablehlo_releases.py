@@ -17,11 +17,11 @@ import pytest
 
 from planner import parse_hlo
 from planner.errors import HloParseError
-from planner.hlo.attributes import COMPUTATION_ATTRIBUTES
-from planner.hlo.frontend_attributes import FrontendAttributes
-from planner.hlo.ir import HloModule
-from planner.hlo.stablehlo_compat import _bools_in_own_layout, _explicit_replica_groups
-from planner.hlo.stablehlo_text import read_stablehlo
+from planner.hlo.ir.attributes import COMPUTATION_ATTRIBUTES
+from planner.hlo.ir.frontend_attributes import FrontendAttributes
+from planner.hlo.ir.module import HloModule
+from planner.hlo.text.stablehlo_compat import _bools_in_own_layout, _explicit_replica_groups
+from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.memory import memory_report
 from planner.prepare import prepare
 

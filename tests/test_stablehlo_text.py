@@ -19,7 +19,7 @@ from api import create_app
 from api.settings import Settings
 from planner import parse_hlo
 from planner.errors import HloParseError
-from planner.hlo.stablehlo_text import is_stablehlo_text, read_stablehlo
+from planner.hlo.text.stablehlo_text import is_stablehlo_text, read_stablehlo
 from planner.memory import memory_report
 from planner.memory.donation import declared_aliases
 from planner.prepare import prepare

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from planner.cli.terminal_progress import terminal_progress
+from cli.terminal_progress import terminal_progress
 from planner.progress import note
 
 

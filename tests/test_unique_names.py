@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner import parse_hlo
-from planner.hlo.unique_names import uniquify_instruction_names
+from planner.hlo.ir.unique_names import uniquify_instruction_names
 from planner.memory import memory_report
 from planner.prepare import prepare
 from planner.propagation import propagate

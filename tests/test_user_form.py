@@ -11,11 +11,11 @@ import pytest
 from conftest import CORPUS
 from test_manifest import _llama_manifest
 
+from cli.plan_command import render_plan
 from planner import parse_hlo_file
-from planner.cli.plan_command import render_plan
 from planner.mesh import Mesh
+from planner.plan.fixes.placements import PIN_OUTPUT, PIN_PARAMETER
 from planner.plan.model import Plan
-from planner.plan.placements import PIN_OUTPUT, PIN_PARAMETER
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
 

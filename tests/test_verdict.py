@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from planner.data import DEFAULT_DUMP
-from planner.hlo.parser import parse_hlo_file
+from planner.hlo.text.parser import parse_hlo_file
 from planner.mesh import Mesh
 from planner.plan.planner import PIN_EVERY_PARAMETER, make_plan
 from planner.plan.verdict import DOES_NOT_FIT, FITS, TOO_CLOSE, Band, Measured, call, verdict

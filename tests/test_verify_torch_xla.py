@@ -2,9 +2,9 @@
 
 The corpus's truth files hold torch_xla's own run of each step: the sum of XLA:CPU's buffer
 allocations per device and the While shapes right after SPMD partitioning. Verification compiles
-the dumped module with torch_xla's own XLA (`planner.plan.torch_xla_compile`) and must give both
+the dumped module with torch_xla's own XLA (`planner.plan.compilers.torch_xla_compile`) and must give both
 back exactly. XLA:TPU, which only jaxlib reaches, compiles the faithful StableHLO of the module
-(`planner.plan.stablehlo`, checked against the same truths in `test_faithful_stablehlo.py`).
+(`planner.plan.compilers.stablehlo`, checked against the same truths in `test_faithful_stablehlo.py`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import re
 import pytest
 from conftest import CORPUS
 
+from cli.plan_command import render_plan
 from fidelity.cases import CI_SUBSET, Case
 from fidelity.references import ensure_references, reference_path
-from planner.cli.plan_command import render_plan
 from planner.data import DEFAULT_DUMP
-from planner.hlo.parser import parse_hlo, parse_hlo_file
-from planner.hlo.proto_ids import decode, separate_computation_ids
+from planner.hlo.text.parser import parse_hlo, parse_hlo_file
+from planner.hlo.text.proto_ids import decode, separate_computation_ids
 from planner.mesh import Mesh
+from planner.plan.compilers.verify import compile_with_torch_xla, gradient_mismatches
+from planner.plan.diagnosis.scan_pairs import stacked_gradients
 from planner.plan.planner import make_plan
-from planner.plan.scan_pairs import stacked_gradients
-from planner.plan.verify import compile_with_torch_xla, gradient_mismatches
 from planner.prepare import prepare
 from planner.propagation import propagate
 
@@ -132,7 +132,7 @@ def test_separated_computation_ids_leave_the_module_as_it_was() -> None:
     """After the rewrite no computation id is an instruction id, and XLA reads back the same program."""
     from jax._src.lib import xla_client
 
-    from planner.hlo.compat import for_jaxlib_0_7
+    from planner.hlo.text.compat import for_jaxlib_0_7
 
     text = for_jaxlib_0_7(DEFAULT_DUMP.read_text())
     proto = xla_client._xla.hlo_module_from_text(text).as_serialized_hlo_module_proto()

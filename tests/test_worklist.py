@@ -22,7 +22,7 @@ from planner import parse_hlo, parse_hlo_file
 from planner.plan.planner import make_plan
 from planner.prepare import prepare
 from planner.propagation import PropagationOptions, PropagationResult, propagate
-from planner.propagation.driver import WORKLIST_VARIABLE
+from planner.propagation.gspmd.driver import WORKLIST_VARIABLE
 
 GENERATED = sorted((Path(__file__).parent / "fixtures" / "generated").glob("*.hlo"))
 # References the suite generates (cached by content): the grid's CI subset and the 405B-shaped steps on 256 devices.

@@ -17,10 +17,8 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from api.deps import JobsDep, SettingsDep, StoreDep, WorkersDep, token_ok
-from api.job_models import JobRequest
 from api.job_start import start_job
 from api.jobs import JobQueue
-from api.models import PlanRequest
 from api.planning import plan_or_cached
 from api.rate_limit import caller_of
 from api.routes.plans import read_plan_request, validation_message
@@ -31,6 +29,7 @@ from api.views import breakdown_rows, change_set, hbm_chart, human_bytes, mesh_g
 from api.worker import JobFailed
 from planner.plan.chip_groups import chip_groups
 from planner.plan.model import Plan
+from planner.wire import JobRequest, PlanRequest
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "templates")

@@ -11,11 +11,12 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from api.deps import AuthDep, JobsDep, SettingsDep
-from api.job_models import JobList, JobRecord, JobRequest
+from api.job_models import JobList, JobRecord
 from api.job_start import start_job
 from api.job_store import FINISHED
 from api.models import ErrorDetail
 from api.routes.dashboard import not_found, templates
+from planner.wire import JobRequest
 
 router = APIRouter()
 # How often an event stream looks at the job's row (any replica may be the one writing it).

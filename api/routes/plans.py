@@ -12,12 +12,13 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from api.deps import AuthDep, SettingsDep, StoreDep, WorkersDep
-from api.models import REQUEST_SOURCE, ErrorDetail, MeshSpec, PlanPage, PlanRecord, PlanRequest, PlanSummary
+from api.models import ErrorDetail, PlanPage, PlanSummary
 from api.planning import hlo_from_upload, plan_or_cached, record
 from api.worker import JobFailed
 from planner.memory import parse_byte_count
 from planner.memory.chips import check_hbm_bytes
 from planner.mesh import Mesh
+from planner.wire import REQUEST_SOURCE, MeshSpec, PlanRecord, PlanRequest
 
 router = APIRouter()
 EveryChip = Annotated[

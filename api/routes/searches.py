@@ -6,9 +6,10 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import AuthDep, StoreDep
-from api.models import ErrorDetail, SearchRecord, SearchReportBody
+from api.models import ErrorDetail
 from api.routes.dashboard import not_found, templates
 from api.search_view import compiled_against_predicted, search_chart
+from planner.wire import SearchRecord, SearchReportBody
 
 router = APIRouter()
 

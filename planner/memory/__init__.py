@@ -12,6 +12,7 @@ __all__ = [
     "MemoryEstimation",
     "MemoryReport",
     "chip",
+    "clear_caches",
     "estimate_memory",
     "memory_report",
     "memory_timeline",
@@ -19,3 +20,12 @@ __all__ = [
     "parse_bytes",
     "render_memory",
 ]
+
+
+def clear_caches() -> None:
+    """Forgets what the memory model memoises across calls: each sharding's device groups per dim, and the
+    sweep's measured error bands read from disk."""
+    from planner.memory import dot_partition, report
+
+    for cached in (dot_partition.axis_grouping, report.signed_error, report.error_band):
+        cached.cache_clear()

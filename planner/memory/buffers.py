@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.ir.shapes import ArrayShape, Shape, TupleShape
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from planner.hlo.frontend import is_torch_xla_module
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.structure.frontend import is_torch_xla_module
 from planner.memory.buffers import per_device_bytes, sharding_of
 from planner.memory.dot_partition import DotPartition, partition_dot
 from planner.memory.windowed_einsum import Window, windowed_einsum

@@ -7,9 +7,9 @@ operands as bf16 (a residual only dots read, or only conversions to a half float
 
 from __future__ import annotations
 
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.loops import invariant_elements
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.structure.loops import invariant_elements
 from planner.memory.buffers import (
     Value,
     array_leaves,

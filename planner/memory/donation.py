@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-from planner.hlo.ir import HloModule
-from planner.hlo.shapes import Shape, TupleShape
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.shapes import Shape, TupleShape
 from planner.memory.buffers import array_leaves, leaf_shardings, per_device_bytes, sharding_of
 from planner.propagation import PropagationResult
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.shapes import ArrayShape
 from planner.propagation import DotDims
 from planner.sharding.hlo_sharding import HloSharding
 

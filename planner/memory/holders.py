@@ -28,9 +28,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from planner.hlo.debug_info import source_location
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.loops import WhileLoop, invariant_elements, while_loops
+from planner.hlo.ir.debug_info import source_location
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.structure.loops import WhileLoop, invariant_elements, while_loops
 from planner.memory.buffers import Buffer
 from planner.memory.model import MemoryEstimate
 from planner.units import format_bytes

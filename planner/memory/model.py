@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.hlo.inline import inline_calls
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape, TupleShape
+from planner.hlo.structure.inline import inline_calls
 from planner.memory.buffers import (
     Buffer,
     Value,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.chip_labels import chips_text
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 from planner.memory.buffers import Buffer, array_leaves, leaf_shardings, per_device_bytes, sharding_of
 from planner.memory.estimation import estimate_memory
 from planner.memory.holders import holders_at_peak
@@ -119,7 +119,7 @@ def memory_report(
     The target is `cpu` for XLA:CPU, or a chip preset (v6e, v5p, ...) for the compiler that chip
     runs; `estimate`, when given, is `estimate_memory(prepared, result)` already made. `top` of the
     buffers holding the peak are listed; `names` names stacked gradients by their buffer
-    (`while.1044[4]` -> `params['w_down']`, as `planner.plan.peak_holders.holder_names` finds them).
+    (`while.1044[4]` -> `params['w_down']`, as `planner.plan.diagnosis.peak_holders.holder_names` finds them).
     """
     result = result if result is not None else propagate(prepared)
     estimate = estimate if estimate is not None else estimate_memory(prepared, result)

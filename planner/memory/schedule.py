@@ -20,7 +20,7 @@ import dataclasses
 import heapq
 from collections.abc import Mapping
 
-from planner.hlo.ir import Computation, HloModule, Instruction
+from planner.hlo.ir.module import Computation, HloModule, Instruction
 from planner.memory.buffers import Value
 from planner.memory.values import ValueModel, reads_leaf
 

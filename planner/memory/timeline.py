@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.hlo.ir import Computation, HloModule
-from planner.hlo.loops import WhileLoop, while_loops
+from planner.hlo.ir.module import Computation, HloModule
+from planner.hlo.structure.loops import WhileLoop, while_loops
 from planner.memory.buffers import Buffer
 from planner.memory.communication import communication_buffers
 from planner.memory.conversions import widened_bytes

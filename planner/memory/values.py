@@ -9,11 +9,11 @@ and, where XLA's copy insertion does not copy, to its init. A union-find holds w
 
 from __future__ import annotations
 
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.loops import invariant_elements
-from planner.hlo.opcodes import ELEMENTWISE
-from planner.hlo.shapes import ArrayShape, TupleShape
-from planner.hlo.tuple_leaves import leaf_offsets
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.opcodes import ELEMENTWISE
+from planner.hlo.ir.shapes import ArrayShape, TupleShape
+from planner.hlo.ir.tuple_leaves import leaf_offsets
+from planner.hlo.structure.loops import invariant_elements
 from planner.memory.buffers import (
     FUSIBLE,
     Value,

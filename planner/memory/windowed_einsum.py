@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.shapes import ArrayShape
 from planner.memory.buffers import per_device_bytes
 from planner.memory.dot_partition import DotPartition, axis_grouping
 from planner.sharding.hlo_sharding import HloSharding, Kind

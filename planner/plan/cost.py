@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 
-from planner.hlo.ir import HloModule
-from planner.hlo.loops import while_loops
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.structure.loops import while_loops
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
 

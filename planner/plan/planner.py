@@ -25,19 +25,39 @@ from dataclasses import asdict, dataclass
 
 from planner.errors import PlanningError, Unverifiable
 from planner.gc_pause import collection_paused
-from planner.hlo.frontend import TORCH_XLA, front_end_of
-from planner.hlo.ir import HloModule
-from planner.hlo.shapes import ArrayShape
-from planner.hlo.shardy_import import partitioner_of
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.structure.frontend import TORCH_XLA, front_end_of
+from planner.hlo.text.shardy_import import partitioner_of
 from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report, memory_timeline
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine
 from planner.mesh import Mesh
-from planner.plan.compiler_only import compiler_only
-from planner.plan.confirmation import confirmation, measured_by_target
-from planner.plan.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
-from planner.plan.groups import shard_group_conflicts
-from planner.plan.manifest import AxisSpec, Manifest
+from planner.plan.compilers.confirmation import confirmation, measured_by_target
+from planner.plan.compilers.verify import Predicted
+from planner.plan.compilers.verify import verify as verify_with_xla
+from planner.plan.diagnosis.compiler_only import compiler_only
+from planner.plan.diagnosis.findings import GRADIENT_OUTPUT, Finding, buffer_findings, output_findings
+from planner.plan.diagnosis.groups import shard_group_conflicts
+from planner.plan.diagnosis.output_pairs import output_gradients
+from planner.plan.diagnosis.plan_warnings import plan_warnings
+from planner.plan.diagnosis.root_cause import root_cause
+from planner.plan.diagnosis.scan_pairs import accumulated_gradients, stacked_gradients
+from planner.plan.diagnosis.split_picture import tensor_split
+from planner.plan.fixes.names import NameTable, name_table
+from planner.plan.fixes.next_steps import Step, beyond_sharding
+from planner.plan.fixes.placements import (
+    PIN_OUTPUT,
+    SPLIT_SHARD_GROUP,
+    Placement,
+    apply_placements,
+    max_group_id,
+    pin_output,
+    pin_parameter,
+    split_group,
+)
+from planner.plan.fixes.user_form import user_form
+from planner.plan.manifest import Manifest
 from planner.plan.model import (
     AlternativeInfo,
     AnnotationInfo,
@@ -56,31 +76,12 @@ from planner.plan.model import (
     TorchPinInfo,
     UserPlacementInfo,
 )
-from planner.plan.names import NameTable, name_table
-from planner.plan.next_steps import Step, beyond_sharding
-from planner.plan.output_pairs import output_gradients
-from planner.plan.placements import (
-    PIN_OUTPUT,
-    SPLIT_SHARD_GROUP,
-    Placement,
-    apply_placements,
-    max_group_id,
-    pin_output,
-    pin_parameter,
-    split_group,
-)
-from planner.plan.plan_warnings import plan_warnings
-from planner.plan.root_cause import root_cause
-from planner.plan.scan_pairs import accumulated_gradients, stacked_gradients
-from planner.plan.split_picture import tensor_split
-from planner.plan.user_form import user_form
 from planner.plan.verdict import band_for, verdict, verify_command
-from planner.plan.verify import Predicted
-from planner.plan.verify import verify as verify_with_xla
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
 from planner.progress import note
 from planner.propagation import PropagationResult, ShardingPropagation
 from planner.sharding.hlo_sharding import HloSharding
+from planner.sharding.partition_spec import AxisSpec
 from planner.targets import tpu_topology
 from planner.units import format_bytes
 
@@ -499,7 +500,7 @@ def _alternative_why(before: int, greedy: int, everything: int, noise_bytes: int
 def _placement(
     p: Placement, alone: int | None, recommended: bool, why: str, names: NameTable, framework: str, mesh: Mesh | None
 ) -> PlacementInfo:
-    pinned = names.pinned(p)
+    pinned = names.pinned(a.instruction for a in p.annotations)
     torch = None
     if p.torch_pin is not None:
         torch = TorchPinInfo(

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.hlo.frontend import JAX, MAXTEXT, front_end_of
-from planner.hlo.shardy_import import partitioner_of
+from planner.hlo.structure.frontend import JAX, MAXTEXT, front_end_of
+from planner.hlo.text.shardy_import import partitioner_of
 from planner.memory.report import signed_error
 from planner.mesh import Mesh
 from planner.plan.model import HbmInfo, PlacementInfo, VerdictInfo

@@ -51,9 +51,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.attributes import ComputationRefs, SliceDim
-from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.attributes import ComputationRefs, SliceDim
+from planner.hlo.ir.module import Attribute, Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.constant_folding import parse_scalar
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite

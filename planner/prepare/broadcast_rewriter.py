@@ -48,9 +48,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import Attribute, HloModule, Instruction
-from planner.hlo.opcodes import ELEMENTWISE
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.module import Attribute, HloModule, Instruction
+from planner.hlo.ir.opcodes import ELEMENTWISE
+from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.module import HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
 

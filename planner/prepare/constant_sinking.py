@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
+from planner.hlo.ir.module import HloModule, Instruction
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
 from planner.prepare.while_state import LoopView, gtes_by_index, invariant_gtes, whiles

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.opcodes import ELEMENTWISE
+from planner.hlo.ir.module import HloModule, Instruction
+from planner.hlo.ir.opcodes import ELEMENTWISE
 from planner.prepare.edit import ComputationEdit, ModuleEdit, has_side_effect
 from planner.prepare.rewrite import Rewrite
 

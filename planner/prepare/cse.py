@@ -18,9 +18,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.attributes import ComputationRefs
-from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.shapes import Shape, TupleShape
+from planner.hlo.ir.attributes import ComputationRefs
+from planner.hlo.ir.module import HloModule, Instruction
+from planner.hlo.ir.shapes import Shape, TupleShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit, has_side_effect
 from planner.prepare.rewrite import Rewrite
 

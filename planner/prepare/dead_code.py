@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.shapes import TupleShape
+from planner.hlo.ir.module import HloModule, Instruction
+from planner.hlo.ir.shapes import TupleShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit, has_side_effect
 from planner.prepare.rewrite import Rewrite
 

@@ -17,8 +17,8 @@ import itertools
 import re
 from collections.abc import Iterator
 
-from planner.hlo.ir import Attribute, Computation, HloModule, Instruction
-from planner.hlo.shapes import Shape, TupleShape
+from planner.hlo.ir.module import Attribute, Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import Shape, TupleShape
 
 _NUMBERED = re.compile(r"^(.*?)\.(\d+)$")
 

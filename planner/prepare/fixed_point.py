@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 from planner.prepare.rewrite import ModulePass, Rewrite
 
 ITERATION_LIMIT = 25

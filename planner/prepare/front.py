@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.flatten import flatten_call_graph
-from planner.hlo.inline import inline_calls
-from planner.hlo.ir import HloModule
-from planner.hlo.shardy_import import SHARDY, partitioner_of, to_gspmd
+from planner.hlo.ir.module import HloModule
+from planner.hlo.structure.flatten import flatten_call_graph
+from planner.hlo.structure.inline import inline_calls
+from planner.hlo.text.shardy_import import SHARDY, partitioner_of, to_gspmd
 from planner.prepare.rewrite import Rewrite
 
 
@@ -23,7 +23,7 @@ class ShardyImport:
     """
 
     NAME: ClassVar[str] = "shardy-import"
-    MIRRORS: ClassVar[str] = "planner.hlo.shardy_import (Shardy's sdy attributes in HloSharding terms)"
+    MIRRORS: ClassVar[str] = "planner.hlo.text.shardy_import (Shardy's sdy attributes in HloSharding terms)"
 
     def run(self, module: HloModule) -> Rewrite:
         if partitioner_of(module) != SHARDY:
@@ -34,11 +34,11 @@ class ShardyImport:
 
 @dataclass(frozen=True)
 class FlattenCallGraph:
-    """Every While body, condition, branch and kept call named by one call site only (`planner.hlo.flatten`).
+    """Every While body, condition, branch and kept call named by one call site only (`planner.hlo.structure.flatten`).
 
     XLA flattens before it inlines calls; here it runs after inlining, which leaves the same loops, each
     with a body of its own, while an inlined callee keeps the `name@call` names XLA's references use
-    for its instructions (`planner.hlo.inline`)."""
+    for its instructions (`planner.hlo.structure.inline`)."""
 
     NAME: ClassVar[str] = "flatten-call-graph"
     MIRRORS: ClassVar[str] = "xla/hlo/transforms/simplifiers/flatten_call_graph.cc"

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 from planner.prepare.edit import ComputationEdit, ModuleEdit, has_side_effect
 from planner.prepare.rewrite import Rewrite
 

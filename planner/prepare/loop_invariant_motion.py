@@ -22,8 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.hlo.ir.module import HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape, TupleShape
 from planner.prepare.dead_code import remove_dead_code
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, has_side_effect
 from planner.prepare.rewrite import Rewrite

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 from planner.prepare.dead_code import remove_dead_code, simplify_tuples
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, has_side_effect
 from planner.prepare.rewrite import Rewrite

@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from planner.hlo.compile_defaults import with_jax_compile_defaults
-from planner.hlo.inline import resolve_chains
-from planner.hlo.ir import HloModule
-from planner.hlo.loops import while_loops
-from planner.hlo.shardy_import import SHARDY, partitioner_of, resolve_mesh
+from planner.hlo.ir.module import HloModule
+from planner.hlo.structure.inline import resolve_chains
+from planner.hlo.structure.loops import while_loops
+from planner.hlo.text.compile_defaults import with_jax_compile_defaults
+from planner.hlo.text.shardy_import import SHARDY, partitioner_of, resolve_mesh
 from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
 from planner.prepare.algebraic_simplifier import AlgebraicSimplifier
@@ -33,13 +33,13 @@ from planner.prepare.list_order import AddedRootsLast
 from planner.prepare.loop_invariant_motion import WhileLoopInvariantCodeMotion
 from planner.prepare.module_dce import HloModuleDce
 from planner.prepare.prepared import PassRecord, PreparedModule
+from planner.prepare.propagation_options import PropagationOptions
 from planner.prepare.reduce_rewriter import TpuReduceRewriter
 from planner.prepare.rewrite import ModulePass
 from planner.prepare.shardy_round_trip import ShardyRoundTrip
 from planner.prepare.sparse_gradient import SparseGradientRewrite
 from planner.prepare.while_simplifier import WhileLoopSimplifier
 from planner.prepare.x64_rewriter import X64Rewriter
-from planner.propagation.options import PropagationOptions
 from planner.targets import Backend
 from planner.targets import backend as backend_of
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.hlo.ir import HloModule
-from planner.hlo.loops import WhileLoop
+from planner.hlo.ir.module import HloModule
+from planner.hlo.structure.loops import WhileLoop
 from planner.mesh import Mesh
-from planner.propagation.options import PropagationOptions
+from planner.prepare.propagation_options import PropagationOptions
 from planner.targets import Backend
 
 

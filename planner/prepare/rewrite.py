@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from planner.hlo.ir import HloModule
+from planner.hlo.ir.module import HloModule
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from planner.errors import UnsupportedHlo
-from planner.hlo.frontend_attributes import FrontendAttributes
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.opcodes import ELEMENTWISE
-from planner.hlo.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.ir.frontend_attributes import FrontendAttributes
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.opcodes import ELEMENTWISE
+from planner.hlo.ir.shapes import ArrayShape, Shape, TupleShape
 from planner.prepare.dead_code import remove_dead_code
 from planner.prepare.edit import (
     ComputationEdit,

@@ -20,8 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import HloModule, Instruction
-from planner.hlo.loops import trip_count
+from planner.hlo.ir.module import HloModule, Instruction
+from planner.hlo.structure.loops import trip_count
 from planner.prepare.dead_code import remove_dead_code
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, has_side_effect
 from planner.prepare.rewrite import Rewrite

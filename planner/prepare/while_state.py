@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.hlo.ir import Instruction
-from planner.hlo.shapes import TupleShape
+from planner.hlo.ir.module import Instruction
+from planner.hlo.ir.shapes import TupleShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, tuple_of
 
 

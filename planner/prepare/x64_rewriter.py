@@ -31,8 +31,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.hlo.ir import Attribute, HloModule, Instruction
-from planner.hlo.shapes import ArrayShape, TupleShape
+from planner.hlo.ir.module import Attribute, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape, TupleShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, tuple_of, with_attribute
 from planner.prepare.rewrite import Rewrite
 from planner.prepare.while_state import LoopView, element_of, parameter, whiles

@@ -1,111 +1,26 @@
-"""GSPMD sharding propagation, simulated, with the reason for every decision."""
+"""Sharding propagation, simulated, with the reason for every decision: two engines over one graph.
+
+- `gspmd/`: XLA's ShardingPropagation pass (GSPMD), rule by rule.
+- `shardy/`: Shardy's propagation (JAX's default partitioner), by its own op sharding rules and strategies.
+- `shared/`: what both build on and hand on: the working graph with its provenance, dot dimension roles, and
+  the result every later stage reads.
+
+`propagate` runs the engine of the partitioner the prepared module names. Neither engine imports the other.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.gc_pause import collection_paused
-from planner.propagation.dot_dims import DotDims, dot_dims
-from planner.propagation.driver import Propagator
-from planner.propagation.graph import Provenance
-from planner.propagation.options import PropagationOptions
-from planner.sharding.hlo_sharding import HloSharding
+from planner.prepare.propagation_options import PropagationOptions
+from planner.propagation.gspmd import run_gspmd
+from planner.propagation.shared.dot_dims import DotDims, dot_dims
+from planner.propagation.shared.result import ExplainStep, PropagatedInstruction, PropagationResult
 
-if TYPE_CHECKING:  # the prepare package imports this one's options
+if TYPE_CHECKING:
     from planner.prepare import PreparedModule
-
-
-@dataclass(frozen=True)
-class PropagatedInstruction:
-    name: str
-    computation: str
-    opcode: str
-    sharding: HloSharding | None
-    provenance: Provenance | None
-    unknown_reason: str | None
-    operands: tuple[str, ...] = ()
-    tuple_index: int | None = None
-
-
-@dataclass(frozen=True)
-class ExplainStep:
-    """One link of a provenance chain; `element` focuses a tuple on one of its elements."""
-
-    instruction: PropagatedInstruction
-    element: int | None
-
-    @property
-    def sharding(self) -> HloSharding | None:
-        s = self.instruction.sharding
-        if s is not None and s.is_tuple and self.element is not None and self.element < len(s.elements):
-            return s.elements[self.element]
-        return s
-
-
-@dataclass(frozen=True)
-class PropagationResult:
-    """Shardings after propagation, by instruction name as XLA names them after the pass.
-
-    Sharding custom-calls XLA turns into copies appear under their new names
-    (`renamed` maps old to new); shard_as-only annotations are gone.
-    """
-
-    instructions: tuple[PropagatedInstruction, ...]
-    renamed: Mapping[str, str]
-    _by_name: dict[str, PropagatedInstruction] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        for inst in self.instructions:
-            self._by_name.setdefault(inst.name, inst)
-
-    def __getitem__(self, name: str) -> PropagatedInstruction:
-        return self._by_name[self.renamed.get(name, name)]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self.renamed.get(name, name) in self._by_name
-
-    def sharding(self, name: str) -> HloSharding | None:
-        return self[name].sharding
-
-    def shardings(self) -> dict[str, HloSharding]:
-        return {i.name: i.sharding for i in self.instructions if i.sharding is not None}
-
-    def explain(self, name: str) -> list[ExplainStep]:
-        """The chain from `name` back to the annotation its sharding came from.
-
-        Through tuples the chain follows one element: a get-tuple-element
-        focuses its operand on the element it reads, and a tuple hands that
-        element's question to the operand that supplies it.
-        """
-        chain: list[ExplainStep] = []
-        seen: set[tuple[str, int | None]] = set()
-        current: str | None = self.renamed.get(name, name)
-        element: int | None = None
-        while current is not None and current in self._by_name:
-            if (current, element) in seen:
-                # Around a loop: the carried value came in as the While's initial tuple.
-                loop = next((step for step in chain if step.instruction.opcode == "while"), None)
-                if loop is None or (loop.instruction.operands[0], loop.element) in seen:
-                    break
-                current, element = loop.instruction.operands[0], loop.element
-                continue
-            seen.add((current, element))
-            inst = self._by_name[current]
-            chain.append(ExplainStep(inst, element))
-            sources = inst.provenance.sources if inst.provenance is not None else ()
-            if inst.opcode == "get-tuple-element" and inst.operands:
-                current, element = inst.operands[0], inst.tuple_index
-            elif inst.opcode == "tuple" and element is not None and element < len(inst.operands):
-                current, element = inst.operands[element], None
-            else:
-                current = sources[0] if sources else None
-        return chain
-
-    @property
-    def unknown(self) -> dict[str, str]:
-        return {i.name: i.unknown_reason for i in self.instructions if i.unknown_reason}
 
 
 @dataclass(frozen=True)
@@ -130,25 +45,7 @@ def propagate(prepared: PreparedModule, options: PropagationOptions | None = Non
         with collection_paused():
             return propagation_result(prepared.module, shardy_decisions(prepared.shardy), prepared.aliases)
     with collection_paused():
-        propagator = Propagator(prepared.module, options if options is not None else prepared.options)
-        propagator.run()
-    instructions = tuple(
-        PropagatedInstruction(
-            n.name,
-            n.computation,
-            n.opcode,
-            n.sharding,
-            n.provenance,
-            n.unknown_reason,
-            tuple(o.name for o in n.operands),
-            n.inst.attr("index") if n.opcode == "get-tuple-element" else None,
-        )
-        for n in propagator.graph.nodes()
-    )
-    # A retired name may point at a node that propagation itself renamed (a Sharding call turned copy).
-    renamed = {k: propagator.renamed.get(v, v) for k, v in {**prepared.aliases, **propagator.renamed}.items()}
-    propagator.graph.release()
-    return PropagationResult(instructions, renamed)
+        return run_gspmd(prepared.module, options if options is not None else prepared.options, prepared.aliases)
 
 
 __all__ = [

@@ -8,9 +8,8 @@ __all__ = ["HloSharding", "Iota", "Kind", "ShardGroup", "TileAssignment", "clear
 
 
 def clear_caches() -> None:
-    """Forgets what is memoised across calls: sharding algebra, parse-time checks (benchmarks run cold)."""
-    from planner.hlo import instruction_checks, opcode_attributes
-    from planner.sharding import algebra, reshape, text
+    """Forgets what the sharding algebra memoises across calls (`planner.clear_caches` clears every package's)."""
+    from planner.sharding import algebra, named_text, reshape, text
 
     for cached in (
         algebra._partially_replicate,
@@ -18,11 +17,6 @@ def clear_caches() -> None:
         algebra._is_sub_tiling,
         reshape._through_reshape,
         text._parse_flat_cached,
-        instruction_checks.literal_problem,
-        opcode_attributes._names_problem,
-        opcode_attributes.metadata_problem,
-        opcode_attributes.shape_attribute_problem,
-        opcode_attributes.window_problem,
+        named_text.parse_named_sharding,
     ):
         cached.cache_clear()
-    opcode_attributes._BY_TEXT.clear()

@@ -10,9 +10,9 @@
 a laptop) or arrays. Needs jax (the `xla` extra); torch is not imported.
 """
 
-from scan_runtime.jax.plan import JaxPlan, active_plan, use_plan
+from planner.errors import PlanMismatch
+from planner.plan.jax_terms import JaxPlan, active_plan, step_manifest, use_plan
 from scan_runtime.jax.scan import scan
-from scan_runtime.jax.step import plan_step, step_manifest
-from scan_runtime.layer_plan import PlanMismatch
+from scan_runtime.jax.step import plan_step
 
 __all__ = ["JaxPlan", "PlanMismatch", "active_plan", "plan_step", "scan", "step_manifest", "use_plan"]

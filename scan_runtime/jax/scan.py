@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from scan_runtime.jax.plan import JaxPlan, PlanMismatch, active_plan
+from planner.plan.jax_terms import JaxPlan, PlanMismatch, active_plan
 
 
 def scan(

@@ -10,8 +10,8 @@ around them (`pipeline`), ending in the HloShardings XLA's partitioner reads (`e
 
 from __future__ import annotations
 
-from planner.hlo.ir import HloModule
-from planner.hlo.shardy_import import module_meshes
+from planner.hlo.ir.module import HloModule
+from planner.hlo.text.shardy_import import module_meshes
 from planner.propagation.shardy.export import instruction_shardings
 from planner.propagation.shardy.pipeline import run_export, run_import
 from planner.propagation.shardy.program import Origin, Program, build_program

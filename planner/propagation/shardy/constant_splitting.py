@@ -9,7 +9,7 @@ where the worklist meets it; the export merges clones that end up alike.
 
 from __future__ import annotations
 
-from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from planner.propagation.shardy.program import EDGE, RULE, Op, Program, Value
 
 _ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE

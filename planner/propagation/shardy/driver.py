@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.ir.shapes import ArrayShape
 from planner.propagation.shardy.factor_propagation import Direction, Update, propagate_aggressive, propagate_basic
 from planner.propagation.shardy.program import (
     BARRIER,

@@ -9,8 +9,8 @@ as XLA leaves it (the partitioner then replicates it).
 
 from __future__ import annotations
 
-from planner.hlo.ir import HloModule
-from planner.hlo.shapes import TupleShape
+from planner.hlo.ir.module import HloModule
+from planner.hlo.ir.shapes import TupleShape
 from planner.propagation.shardy.program import Origin, Program, Value
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.shardy import SdyMesh, to_hlo_sharding

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.errors import UnsupportedHlo
-from planner.hlo.frontend_attributes import FrontendAttributes
-from planner.hlo.inline import inlineable
-from planner.hlo.ir import Computation, HloModule, Instruction
-from planner.hlo.shapes import ArrayShape, Shape, TupleShape
-from planner.hlo.shardy_import import (
+from planner.hlo.ir.frontend_attributes import FrontendAttributes
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.hlo.ir.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.structure.inline import inlineable
+from planner.hlo.text.shardy_import import (
     GLOBAL_TO_LOCAL,
     LOCAL_TO_GLOBAL,
     MANUAL_BODY_PREFIX,
@@ -644,8 +644,8 @@ def _is_manual_body_call(inst: Instruction) -> bool:
 
 
 def is_named_computation(inst: Instruction) -> bool:
-    """A call XLA's call inliner keeps (`planner.hlo.inline.inlineable`) that is no shard_map body: Shardy imports
-    a call that reaches it as an `sdy.named_computation` (`ImportFuncCallsPass`), the form
+    """A call XLA's call inliner keeps (`planner.hlo.structure.inline.inlineable`) that is no shard_map body:
+    Shardy imports a call that reaches it as an `sdy.named_computation` (`ImportFuncCallsPass`), the form
     `sdy-export-named-computations` writes back. Any other call is walked as if inlined; a shard_map body
     between its round-trip custom calls (`enter_manual`, `leave_manual`)."""
     return not inlineable(inst) and not _is_manual_body_call(inst)

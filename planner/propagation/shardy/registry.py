@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.hlo.frontend_attributes import FrontendAttributes
-from planner.hlo.ir import Computation, Instruction
-from planner.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from planner.hlo.shapes import ArrayShape
+from planner.hlo.ir.frontend_attributes import FrontendAttributes
+from planner.hlo.ir.module import Computation, Instruction
+from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.ir.shapes import ArrayShape
 from planner.propagation.shardy import registry_custom as custom
 from planner.propagation.shardy import registry_data as data
 from planner.propagation.shardy import registry_reductions as reductions

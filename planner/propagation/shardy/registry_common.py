@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.hlo.attributes import Raw, WindowDim
-from planner.hlo.ir import Computation, Instruction
+from planner.hlo.ir.attributes import Raw, WindowDim
+from planner.hlo.ir.module import Computation, Instruction
 from planner.propagation.shardy.rule import OpShardingRule, RuleBuilder
 
 Dims = tuple[int, ...]

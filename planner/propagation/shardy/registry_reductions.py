@@ -6,9 +6,9 @@ order: aggressive propagation breaks ties by factor index.
 
 from __future__ import annotations
 
-from planner.propagation.dot_dims import dot_dims, label_positions
 from planner.propagation.shardy.registry_common import OpView, is_window_pass_through
 from planner.propagation.shardy.rule import NULL_DIM, FactorType, OpShardingRule
+from planner.propagation.shared.dot_dims import dot_dims, label_positions
 
 
 def dot(op: OpView) -> OpShardingRule | None:

@@ -1,6 +1,6 @@
 """Shardy's decisions in the form every later stage reads: a `PropagationResult` over the module.
 
-The prepared module a plan reads is the Shardy module read as GSPMD's (`planner.hlo.shardy_import`),
+The prepared module a plan reads is the Shardy module read as GSPMD's (`planner.hlo.text.shardy_import`),
 instruction for instruction and name for name, except what that reading folds away: the calls that
 set a function result's sharding (gone, their operand returned) and the `shard_alike` markers (there
 `Sharding` calls of their operand's shape). Every instruction of it gets the sharding Shardy leaves
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from planner.hlo.ir import HloModule
-from planner.propagation import PropagatedInstruction, PropagationResult
-from planner.propagation.graph import Provenance
+from planner.hlo.ir.module import HloModule
 from planner.propagation.shardy.program import Origin
+from planner.propagation.shared.graph import Provenance
+from planner.propagation.shared.result import PropagatedInstruction, PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
 
 

@@ -1,0 +1,5 @@
+"""The `spmd-planner` command line."""
+
+from cli.main import main
+
+__all__ = ["main"]
