@@ -44,8 +44,14 @@ def test_the_tree_keeps_every_contract() -> None:
         ("planner/plan/diagnosis/findings.py", "import planner.plan.fixes.placements", ["Planning's rooms"]),
         ("scan_runtime/client.py", "import api.models", ["Apps over the client library"]),
     ],
-    ids=["engine-to-service", "algebra-to-ir", "shardy-to-gspmd", "ir-to-text", "diagnosis-to-fixes",
-         "client-to-service"],  # fmt: skip
+    ids=[
+        "engine-to-service",
+        "algebra-to-ir",
+        "shardy-to-gspmd",
+        "ir-to-text",
+        "diagnosis-to-fixes",
+        "client-to-service",
+    ],
 )
 def test_an_import_against_a_rule_breaks_its_contract(
     tmp_path: Path, module: str, bad_import: str, broken: list[str]
