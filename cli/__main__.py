@@ -1,4 +1,4 @@
-"""`python -m cli` is the `spmd-planner` command."""
+"""`python -m cli` is the `spmd-planner` command (as is `python -m planner`)."""
 
 import sys
 

@@ -20,6 +20,8 @@ CONSTANTS = {"planner.version.planner_version"}
 def _memoised() -> dict[str, object]:
     found = {}
     for info in pkgutil.walk_packages(planner.__path__, "planner."):
+        if info.name == "planner.__main__":  # runs the command line when imported
+            continue
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if callable(getattr(value, "cache_info", None)) and getattr(value, "__module__", None) == info.name:

@@ -12,14 +12,13 @@ import pytest
 from conftest import REPO
 from live_server import live_server
 
-from cli.search_command import load_builder
 from planner.hlo.text.parser import parse_hlo
 from planner.mesh import Mesh
 from planner.plan.cost import dot_flops_per_device
 from planner.prepare import prepare
 from planner.propagation import propagate
 from planner.search.candidates import Candidate, candidate_grid, factorizations
-from planner.search.evaluate import Evaluation
+from planner.search.evaluate import Evaluation, load_builder
 from planner.search.ranking import rank
 
 MIB = 1 << 20

@@ -79,7 +79,7 @@ def test_a_path_with_control_characters_is_one_escaped_line(tmp_path: Path, capl
 def test_plan_ids_include_the_planner_version(monkeypatch) -> None:
     request = PlanRequest(hlo=DEFAULT_DUMP.read_text(), chip="v6e")
     today = request.content_hash()
-    monkeypatch.setattr("api.models.planner_version", lambda: planner_version() + "-changed")
+    monkeypatch.setattr("planner.wire.planner_version", lambda: planner_version() + "-changed")
     assert request.content_hash() != today
 
 
@@ -88,7 +88,7 @@ def test_another_planner_version_misses_the_stored_plan(tmp_path: Path, monkeypa
     body = {"hlo": SMALL_HLO, "mesh": {"shape": [4, 2], "axis_names": ["fsdp", "tp"]}}
     first = c.post("/plan", json=body).json()
     assert c.post("/plan", json=body).json()["cached"] is True
-    monkeypatch.setattr("api.models.planner_version", lambda: planner_version() + "-changed")
+    monkeypatch.setattr("planner.wire.planner_version", lambda: planner_version() + "-changed")
     changed = c.post("/plan", json=body).json()
     assert changed["cached"] is False and changed["id"] != first["id"]
 
