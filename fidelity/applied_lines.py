@@ -131,17 +131,15 @@ def _hlo_text(sharding: Any, ndim: int) -> str:
     return str(sharding._to_xla_hlo_sharding(ndim))
 
 
-def _compile(case: Case, mesh: Any, layer_lines: list[str], gradient_lines: list[str]) -> tuple[Any, Any]:
-    """XLA:CPU's compile of the step with the lines in; and the gradients' avals."""
+def _compile(case: Case, mesh: Any, args: tuple[Any, ...], layer_lines: list[str], gradient_lines: list[str]) -> Any:
+    """XLA:CPU's compile of the step with the lines in."""
     import jax
 
-    args = abstract_args(case, mesh)
     with _lines_in_scanned_layers(layer_lines, mesh):
         # Built inside: the stack is checkpointed when the step function is made.
         step = _with_gradient_lines(train_step(case, mesh), gradient_lines, mesh)
         lowered = jax.jit(step, **jit_options(case, mesh, args)).lower(*args)
-    _, grads = jax.eval_shape(train_step(case, mesh), *args)
-    return lowered.compile(), grads
+    return lowered.compile()
 
 
 def check_case(case: Case, lines: list[dict[str, str]]) -> dict[str, Any]:
@@ -156,14 +154,15 @@ def check_case(case: Case, lines: list[dict[str, str]]) -> dict[str, Any]:
     mesh = Mesh(devices, case.mesh.axis_names)
     layer = [entry["code"] for entry in lines if entry["place"] == "layer"]
     gradient = [entry["code"] for entry in lines if entry["place"] == "gradient"]
-    before, avals = _compile(case, mesh, [], [])
-    after, _ = _compile(case, mesh, layer, gradient)
+    args = abstract_args(case, mesh)
+    _, avals = jax.eval_shape(train_step(case, mesh), *args)
+    before = _compile(case, mesh, args, [], [])
+    after = _compile(case, mesh, args, layer, gradient)
     keys = sorted(avals)
     got_before = before.output_shardings[1]
     got_after = after.output_shardings[1]
-    layer_keys = sorted(_layer_variable(c) for c in layer)
-    asked = {_layer_variable(c): _stacked_spec(c, mesh, True) for c in layer}
-    asked |= {_gradient_key(c): _stacked_spec(c, mesh, False) for c in gradient}
+    asked_in_layer = {_layer_variable(c): _stacked_spec(c, mesh, True) for c in layer}
+    asked = asked_in_layer | {_gradient_key(c): _stacked_spec(c, mesh, False) for c in gradient}
     return {
         "name": case.name,
         "before": {k: _hlo_text(got_before[k], avals[k].ndim) for k in keys},
@@ -173,7 +172,7 @@ def check_case(case: Case, lines: list[dict[str, str]]) -> dict[str, Any]:
         # What the pinned slices of every layer hold per chip at the sharding asked: JAX keeps the pinned
         # slices for the backward when nothing recomputes them (no remat), a copy of this size at most.
         "pinned_layer_bytes": sum(
-            math.prod(asked[k].shard_shape(avals[k].shape)) * avals[k].dtype.itemsize for k in layer_keys
+            math.prod(s.shard_shape(avals[k].shape)) * avals[k].dtype.itemsize for k, s in asked_in_layer.items()
         ),
         "total_bytes_before": memory_record(before.memory_analysis())["total_bytes"],
         "total_bytes_after": memory_record(after.memory_analysis())["total_bytes"],

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 from conftest import REPO
@@ -21,31 +22,47 @@ from fidelity.cases import CI_SUBSET, Case
 from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path
 from planner import parse_hlo_file
+from planner.hlo.ir.module import HloModule
 from planner.mesh import Mesh
 from planner.plan.diagnosis.findings import GRADIENT_KINDS
 from planner.plan.fixes.placements import PIN_OUTPUT
 from planner.plan.model import Plan
 from planner.plan.planner import make_plan
-from planner.prepare import prepare
+from planner.prepare import PreparedModule, prepare
 
 pytestmark = pytest.mark.xla
 
 CASES = [c for c in CI_SUBSET if c.front_end == "jax" and not c.optimizer]
 
 
-def _plan_only(case: Case) -> tuple[Plan, tuple]:
-    mesh = Mesh(case.mesh.shape, case.mesh.axis_names, tuple(range(case.mesh.num_devices)))
-    module = parse_hlo_file(reference_path(case))
-    prepared = prepare(module, "cpu", mesh)
-    plan, patched = make_plan(prepared)
-    return plan, (module, prepared, patched)
+@dataclass(frozen=True)
+class Planned:
+    case: Case
+    module: HloModule
+    prepared: PreparedModule
+    plan: Plan
+    patched: HloModule
+
+    def change_set_compiled(self) -> PlacementCheck | None:
+        """The plan's HLO change set compiled by XLA:CPU, as the sweep verifies it; None when it has none."""
+        if not any(p.recommended for p in self.plan.placements):
+            return None
+        return check_change_set(self.module, self.prepared.written_front, self.patched, self.plan,
+                                self.case.mesh.num_devices, None)  # fmt: skip
 
 
-def _plan(case: Case) -> tuple[Plan, PlacementCheck | None]:
-    plan, (module, prepared, patched) = _plan_only(case)
-    if not any(p.recommended for p in plan.placements):
-        return plan, None
-    return plan, check_change_set(module, prepared.written_front, patched, plan, case.mesh.num_devices, None)
+@pytest.fixture(scope="module")
+def planned() -> dict[str, Planned]:
+    """Each case planned for XLA:CPU over its own mesh."""
+    assert not ensure_references(CASES, jobs=2)
+    found = {}
+    for case in CASES:
+        mesh = Mesh(case.mesh.shape, case.mesh.axis_names, tuple(range(case.mesh.num_devices)))
+        module = parse_hlo_file(reference_path(case))
+        prepared = prepare(module, "cpu", mesh)
+        plan, patched = make_plan(prepared)
+        found[case.name] = Planned(case, module, prepared, plan, patched)
+    return found
 
 
 def _lines(plan: Plan) -> list[dict[str, str]]:
@@ -57,16 +74,14 @@ def _lines(plan: Plan) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def checked() -> dict[str, tuple[Plan, PlacementCheck | None, dict]]:
-    assert not ensure_references(CASES, jobs=2)
-    plans = {c.name: _plan(c) for c in CASES}
-    request = {"cases": [{"case": n, "lines": _lines(plan)} for n, (plan, _) in plans.items() if _lines(plan)]}
+def checked(planned: dict[str, Planned]) -> dict[str, tuple[Plan, PlacementCheck | None, dict]]:
+    request = {"cases": [{"case": n, "lines": _lines(p.plan)} for n, p in planned.items() if _lines(p.plan)]}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
     done = subprocess.run([sys.executable, "-m", "fidelity.applied_lines"], input=json.dumps(request),
                           capture_output=True, text=True, timeout=1200, cwd=REPO, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     answers = {a["name"]: a for a in json.loads(done.stdout)["cases"]}
-    return {n: (plan, check, answers[n]) for n, (plan, check) in plans.items() if n in answers}
+    return {n: (p.plan, p.change_set_compiled(), answers[n]) for n, p in planned.items() if n in answers}
 
 
 def test_the_lines_are_checked_on_steps_of_every_kind(checked: dict) -> None:
@@ -79,14 +94,12 @@ def test_the_lines_are_checked_on_steps_of_every_kind(checked: dict) -> None:
     assert len(cases) >= 6
 
 
-def test_every_gradient_finding_on_the_grid_names_its_parameter() -> None:
+def test_every_gradient_finding_on_the_grid_names_its_parameter(planned: dict[str, Planned]) -> None:
     """JAX writes each parameter's path into its entry parameter's metadata: every gradient a plan finds on a
     JAX step of the CI subset, scanned or returned, once or accumulated over microbatches, is named by it."""
-    assert not ensure_references(CASES, jobs=2)
     counted = 0
     for case in CASES:
-        plan, _ = _plan_only(case)
-        for finding in plan.findings:
+        for finding in planned[case.name].plan.findings:
             if finding.kind in GRADIENT_KINDS:
                 counted += 1
                 assert finding.name is not None and finding.name.startswith("grad of params['"), (case.name, finding)
