@@ -10,14 +10,16 @@ returns, so `%1` would vanish with its effect.
 Each such constraint of a function's body is returned as one more result, with no sharding of its
 own: a result without a sharding takes what reaches it and sends nothing back, so the module's
 propagation is unchanged, and the values the test checks keep their positions (the new results come
-last). A constraint inside a region (a loop body, a manual computation) cannot be returned and is left.
+last). A constraint inside a region (a loop body, a manual computation) cannot be returned and is left,
+and so is one in a function the module calls: a result more would no longer fit its call sites.
 """
 
 from __future__ import annotations
 
 import re
 
-_FUNC = re.compile(r"^(?P<indent>\s*)func\.func .*\{$")
+_FUNC = re.compile(r"^(?P<indent>\s*)func\.func (?:\w+ )*@(?P<name>[\w.$-]+)\(.*\{$")
+_CALLEE = re.compile(r"\bcall @(?P<name>[\w.$-]+)\(")
 _CONSTRAINT = re.compile(
     r"^(?P<indent>\s*)(?P<value>%[\w]+) = sdy\.sharding_constraint .* : (?P<type>tensor<[^>]*>) loc\("
 )
@@ -30,6 +32,7 @@ _SIGNATURE_END = re.compile(r"\)(?P<results> -> .*)? \{$")
 def return_dangling_constraints(module_text: str) -> str:
     """The module with every unused top-level sharding constraint of each function returned as well."""
     lines = module_text.split("\n")
+    called = set(_CALLEE.findall(module_text))
     func_line: int | None = None
     body_indent = ""
     dangling: list[tuple[str, str]] = []
@@ -37,6 +40,8 @@ def return_dangling_constraints(module_text: str) -> str:
         func = _FUNC.match(line)
         if func is not None:
             func_line, body_indent, dangling = number, func.group("indent") + "  ", []
+            if func.group("name") in called:
+                func_line = None
             continue
         constraint = _CONSTRAINT.match(line)
         if constraint is not None and constraint.group("indent") == body_indent and func_line is not None:

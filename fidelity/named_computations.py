@@ -81,3 +81,41 @@ def _arguments(args: str, in_shardings: str | None) -> str:
         sharding = f" {{sdy.sharding = #sdy.sharding{shardings[k]}}}" if k < len(shardings) else ""
         written.append(f"{name}: {kind}{sharding}" + (f" loc({location}" if location else ""))
     return ", ".join(written)
+
+
+_PLAIN_CALL = re.compile(r"^(?P<head>\s*%[\w#:]+ = (?:func\.)?call @[\w.$-]+\([^)]*\)) : ")
+
+
+def calls_kept(module_text: str) -> str:
+    """`module_text` with each attribute-free `func.call` marked `inlineable = "false"`.
+
+    A lit test runs Shardy's pipeline on the module as written: no XLA CallInliner runs before it, so
+    every call reaches `sdy-import-func-calls` (after `sdy-flatten-call-graph` gives each call site a
+    callee of its own) and is propagated as a named computation. The mark keeps the call a call in HLO,
+    where the engine reads it as one.
+    """
+    lines = []
+    for line in module_text.splitlines():
+        call = _PLAIN_CALL.match(line)
+        if call is not None:
+            line = f'{call["head"]} {{mhlo.frontend_attributes = {{inlineable = "false"}}}} : {line[call.end() :]}'
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+_NO_MANUAL_AXES = re.compile(
+    r"sdy\.manual_computation\((?P<operands>[^)]*)\) (?P<ins>in_shardings=\[.*?\]) (?P<outs>out_shardings=\[.*?\]) "
+    r"manual_axes=\{\} "
+)
+
+
+def unmanual_computations_as_named(module_text: str) -> str:
+    """`module_text` with each `sdy.manual_computation` over no manual axes written as a named computation.
+
+    Such a body is manual over nothing: its block arguments and results are data-flow edges that start
+    from its `in_shardings` and `out_shardings`, as a named computation's are. jaxlib 0.12's converter to
+    HLO writes the body inline and drops both lists (no `GlobalToLocalShape` is left to carry them; jaxlib
+    0.7.1's keeps the manual computation); as a named computation the lists reach HLO on the call
+    (`named_computations_as_calls`).
+    """
+    return _NO_MANUAL_AXES.sub(r'sdy.named_computation<"manual">(\g<operands>) \g<ins> \g<outs> ', module_text)

@@ -22,15 +22,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fidelity.dangling_constraints import return_dangling_constraints
-from fidelity.named_computations import named_computations_as_calls
+from fidelity.func_edges import take_func_edges
+from fidelity.named_computations import calls_kept, named_computations_as_calls, unmanual_computations_as_named
 from fidelity.written_edges import take_written_edges, written_edge_owners
+from fidelity.written_reshards import reshards_as_constraints
+from planner.hlo.text.jaxlib_api import jaxlib_version
 from planner.hlo.text.parser import parse_hlo
 from planner.hlo.text.shardy_import import module_meshes
 from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.pipeline import apply_sharding_constraints, run_export, run_import
 from planner.propagation.shardy.program import build_program, instruction_id
 from planner.propagation.shardy.schedule import propagate
-from planner.propagation.shardy.state_text import edge_shardings, expectations, sharding_text
+from planner.propagation.shardy.state_text import edge_shardings, expectations, per_value_text, sharding_text
 from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_mesh, parse_sharding, to_hlo_sharding
 
 _LOC = re.compile(r"l(\d+)c(\d+)")
@@ -179,7 +182,13 @@ def run_case(case: dict) -> CaseResult:
     result = CaseResult(case["name"], case["source"], dict(case["expect"]))
     try:
         passes = passes_of(case["pipeline"])
-        readable = named_computations_as_calls(return_dangling_constraints(case["module"]))
+        written = reshards_as_constraints(case["module"])
+        if jaxlib_version() >= (0, 12):
+            written = unmanual_computations_as_named(written)
+        readable = named_computations_as_calls(return_dangling_constraints(written))
+        readable, func_edges = take_func_edges(readable)
+        if passes.pipeline or func_edges:
+            readable = calls_kept(readable)
         text, written_edges = take_written_edges(readable)
         module = parse_hlo(read_stablehlo(text))
         result.test_meshes = declared_meshes(case["module"])
@@ -198,10 +207,21 @@ def run_case(case: dict) -> CaseResult:
         for key, value in edge_owners.items():
             if value.sharding is not None:
                 result.got[key] = sharding_text(value.sharding)
+        for key in case["expect"]:
+            # A call the pipeline imported as a named computation is exported as a call again, its
+            # `sdy.sharding` the named computation's out_shardings.
+            exported = result.got.get(f"{key}:out_shardings")
+            if passes.pipeline and key not in result.got and exported is not None:
+                result.got[key] = exported
         for key, (owner, index) in _edge_keys(case, text, edges).items():
             sharding = edges[owner][index] if index < len(edges[owner]) else None
             if sharding is not None:
                 result.got[key] = sharding_text(sharding)
+        for key, call in func_edges.items():
+            # An edge on a call's result holds what the result holds.
+            held = per_value_text(program.named[call][1]) if call in program.named else None
+            if held is not None:
+                result.got[key] = held
     except Exception as error:  # a case that fails to run is reported, never dropped
         result.error = f"{type(error).__name__}: {error}"
     return result

@@ -176,3 +176,25 @@ def test_bad_new_syntax_is_an_error_at_its_line_and_column(text: str, message: s
     assert message in str(raised.value)
     if isinstance(raised.value, HloParseError):
         assert raised.value.line == 5 and raised.value.column > 1
+
+
+# jaxlib 0.12 writes unreduced axes as a subgroup (`last_tile_dims={unreduced}`), and a value unreduced over
+# every device as `{unreduced}`; written in any subgroup order, the canonical text is XLA's.
+UNREDUCED_SHARDINGS = [
+    "{devices=[2,1,2]<=[4] last_tile_dims={unreduced}}",
+    "{devices=[1,1,2,2]<=[2,2]T(1,0) last_tile_dims={unreduced, replicated}}",
+    "{devices=[1,1,2,2]<=[4] last_tile_dims={replicated, unreduced}}",
+    "{devices=[2,2,2]<=[8] last_tile_dims={unreduced, manual}}",
+    "{devices=[1,4]<=[4] last_tile_dims={unreduced}}",
+    "{unreduced}",
+]
+
+
+@pytest.mark.parametrize("text", UNREDUCED_SHARDINGS)
+def test_unreduced_subgroups_read_and_print_as_jaxlib_s(text: str) -> None:
+    from planner.hlo.text.jaxlib_api import jaxlib_version
+
+    xla_client = pytest.importorskip("jax._src.lib").xla_client
+    if jaxlib_version() < (0, 12):
+        pytest.skip("jaxlib before 0.12 has no unreduced shardings to compare with")
+    assert parse_sharding(text).to_text() == str(xla_client.HloSharding.from_string(text))

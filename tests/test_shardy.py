@@ -248,3 +248,24 @@ def test_shardy_lowered_text_says_which_outputs_are_pinned() -> None:
     assert output_flags_from_root(parse_hlo(scalar)) == (False, False)
     free = text.replace("tuple(ra, rm)", "tuple(a, m)")
     assert output_flags_from_root(parse_hlo(free)) == (True, True)
+
+
+@pytest.mark.parametrize(
+    ("text", "reduction"),
+    [
+        ('#sdy.sharding<@mesh, [{?}, {"b", ?}], unreduced=max{"c"}>', "max"),
+        ('#sdy.sharding<@mesh, [{"a"}, {}], unreduced=min{"b", "c"}>', "min"),
+        ('#sdy.sharding<@mesh, [{"a"}, {}], unreduced={"b"}>', "sum"),
+    ],
+)
+def test_unreduced_axes_keep_their_reduction(text: str, reduction: str) -> None:
+    """Shardy (jax >= 0.12) writes how unreduced axes combine before the axes; a sum is written bare."""
+    (sharding,) = parse_sdy(text)
+    assert sharding.reduction == reduction
+    assert "#sdy.sharding" + sharding.to_text() == text
+
+
+def test_unreduced_axes_may_come_without_the_equals_sign() -> None:
+    """Shardy's parser takes `unreduced{...}` as `unreduced={...}`."""
+    (sharding,) = parse_sdy('#sdy.sharding<@mesh, [{"a"}, {}], unreduced{"b"}>')
+    assert [a.name for a in sharding.unreduced] == ["b"]

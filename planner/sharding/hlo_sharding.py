@@ -6,12 +6,17 @@ Forms, as XLA writes them:
     {maximal device=3}                only device 3 holds it
     {manual}                          the program is already per-device here
     {unknown}                         no decision yet (shard_as/shard_like groups)
+    {unreduced}                       every device holds a partial sum of the whole
+                                      array, not yet reduced (jaxlib >= 0.12)
     {devices=[4,1,2]<=[8]}            tiled: dim 0 in 4 tiles, dim 2 in 2 tiles
     {devices=[4,1,2]<=[8] last_tile_dim_replicate}
                                       partial: dim 0 in 4 tiles; the last tile
                                       dim (2) lists devices holding the same tile
     {devices=[2,1,2,2]<=[8] last_tile_dims={manual, replicated}}
                                       trailing tile dims are subgroups
+    {devices=[2,1,2]<=[4] last_tile_dims={unreduced}}
+                                      dim 0 in 2 tiles; the devices of a last-dim
+                                      group hold partial sums of the same tile
     {{replicated}, {devices=[2]0,1}}  a tuple, one sharding per leaf
 
 Worked example of partial replication: `{devices=[4,1,2]<=[8]
@@ -20,8 +25,8 @@ last_tile_dim_replicate}` on f32[8,16] gives tiles of f32[2,16]; devices 0 and
 
 Construction canonicalises as XLA does (a partial tile whose replication dim
 spans every device is replicated; devices within a replication group are
-sorted; subgroup dims of one type merge, size-1 ones drop, manual sorts before
-replicated). Equality ignores metadata but compares shard groups.
+sorted; subgroup dims of one type merge, size-1 ones drop, subgroups sort
+manual, unreduced, replicated). Equality ignores metadata but compares shard groups.
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ class Kind(Enum):
     MAXIMAL = "maximal"
     MANUAL = "manual"
     UNKNOWN = "unknown"
+    UNREDUCED = "unreduced"
     TILED = "tiled"
     TUPLE = "tuple"
 
 
-# Subgroup types in XLA's canonical order (OpSharding enum order with MANUAL
-# before REPLICATED), as printed inside `last_tile_dims={...}`.
-SUBGROUP_ORDER = ("maximal", "manual", "replicated", "unknown")
+# Subgroup types in XLA's canonical order (`HloSharding::Subgroup`'s kOrderedTypes:
+# MANUAL, then UNREDUCED, before REPLICATED), as printed inside `last_tile_dims={...}`.
+SUBGROUP_ORDER = ("maximal", "manual", "unreduced", "replicated", "unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,10 @@ class HloSharding:
         return HloSharding(Kind.UNKNOWN, metadata=metadata)
 
     @staticmethod
+    def unreduced(metadata: tuple[str, ...] = ()) -> HloSharding:
+        return HloSharding(Kind.UNREDUCED, metadata=metadata)
+
+    @staticmethod
     def maximal(device: int, metadata: tuple[str, ...] = ()) -> HloSharding:
         return HloSharding(Kind.MAXIMAL, device=device, metadata=metadata)
 
@@ -145,6 +155,8 @@ class HloSharding:
                 return HloSharding.manual(metadata)
             if types[0] == "replicated":
                 return HloSharding.replicate(metadata)
+            if types[0] == "unreduced":
+                return HloSharding.unreduced(metadata)
         by_type: dict[str, list[int]] = {}
         needs_merging = False
         for i, t in enumerate(types):

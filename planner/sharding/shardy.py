@@ -111,14 +111,22 @@ class DimSharding:
         return "{" + ", ".join(parts) + "}" + (f"p{self.priority}" if self.priority is not None else "")
 
 
+# How a value's unreduced axes are still to be reduced (Shardy's `ReductionOp`); a sum is written bare.
+REDUCTIONS = ("sum", "max", "min")
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSharding:
-    """`<@mesh, [dims...], replicated={...}, unreduced={...}>` for one value."""
+    """`<@mesh, [dims...], replicated={...}, unreduced={...}>` for one value.
+
+    `unreduced=max{"c"}`: the unreduced axes hold partial maxima, not partial sums (jaxlib >= 0.12).
+    """
 
     mesh: str | SdyMesh  # a name from the module's meshes, or a mesh written inline
     dims: tuple[DimSharding, ...]
     replicated: tuple[AxisRef, ...] = ()
     unreduced: tuple[AxisRef, ...] = ()
+    reduction: str = "sum"
 
     @property
     def open_dims(self) -> tuple[int, ...]:
@@ -126,9 +134,10 @@ class TensorSharding:
 
     def to_text(self) -> str:
         mesh = f"@{self.mesh}" if isinstance(self.mesh, str) else self.mesh.to_text()[len("#sdy.") :]
+        reduction = "" if self.reduction == "sum" else self.reduction
         extra = "".join(
-            f", {key}={{{', '.join(a.to_text() for a in refs)}}}"
-            for key, refs in (("replicated", self.replicated), ("unreduced", self.unreduced))
+            f", {key}={kind}{{{', '.join(a.to_text() for a in refs)}}}"
+            for key, kind, refs in (("replicated", "", self.replicated), ("unreduced", reduction, self.unreduced))
             if refs
         )
         return f"<{mesh}, [{', '.join(d.to_text() for d in self.dims)}]{extra}>"
@@ -260,8 +269,25 @@ def _dim(r: ShardyReader) -> DimSharding:
 
 def _axis_set(r: ShardyReader) -> tuple[AxisRef, ...]:
     r.expect("=", "after replicated/unreduced")
+    return _axis_list(r)
+
+
+def _axis_list(r: ShardyReader) -> tuple[AxisRef, ...]:
     r.expect("{", "to open an axis set")
     return tuple(r.comma_list("}", lambda: _axis_ref(r), "an axis set"))
+
+
+def _unreduced_axes(r: ShardyReader) -> tuple[str, tuple[AxisRef, ...]]:
+    """`={...}`, `=max{...}` or `{...}`: Shardy's parser takes the `=` and the reduction as optional."""
+    reduction = "sum"
+    if r.try_literal("="):
+        r.skip()
+        for kind in REDUCTIONS:
+            if r.text.startswith(kind, r.pos):
+                r.pos += len(kind)
+                reduction = kind
+                break
+    return reduction, _axis_list(r)
 
 
 def _tensor_sharding(r: ShardyReader) -> TensorSharding:
@@ -279,14 +305,15 @@ def _tensor_sharding(r: ShardyReader) -> TensorSharding:
     dims = r.comma_list("]", lambda: _dim(r), "the dim shardings")
     replicated: tuple[AxisRef, ...] = ()
     unreduced: tuple[AxisRef, ...] = ()
+    reduction = "sum"
     while r.try_literal(","):
         key = r.match(re.compile(r"replicated|unreduced"), "replicated={...} or unreduced={...}").group(0)
         if key == "replicated":
             replicated = _axis_set(r)
         else:
-            unreduced = _axis_set(r)
+            reduction, unreduced = _unreduced_axes(r)
     r.expect(">", "to close the tensor sharding")
-    return TensorSharding(mesh, tuple(dims), replicated, unreduced)
+    return TensorSharding(mesh, tuple(dims), replicated, unreduced, reduction)
 
 
 def parse_meshes(text: str) -> dict[str, SdyMesh]:

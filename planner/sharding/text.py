@@ -1,7 +1,7 @@
 """Reading HloSharding text (`sharding={...}`), as XLA's parser reads it.
 
 Inside the braces the words may come in any order: `replicated`, `manual`,
-`unknown`, `maximal device=N`, `devices=[dims]ids-or-iota`,
+`unknown`, `unreduced`, `maximal device=N`, `devices=[dims]ids-or-iota`,
 `last_tile_dim_replicate`, `last_tile_dims={types}`, `shard_as N`,
 `shard_like N`, `metadata={...}`. A brace right after the opening one makes a
 tuple of such shardings. Printing is `HloSharding.to_text()`.
@@ -24,6 +24,8 @@ _WORD = re.compile(r"[a-z_]+")
 _INT_LIST_BRACKETS = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)?\s*\]")
 _DEVICE_LIST = re.compile(r"\d+(?:\s*,\s*\d+)*")
 _IOTA = re.compile(r"<=\s*\[\s*(\d+(?:\s*,\s*\d+)*)\s*\](?:\s*T\s*\(\s*(\d+(?:\s*,\s*\d+)*)\s*\))?")
+# The words that make a sharding of one kind (XLA's `{unreduced}`: jaxlib >= 0.12).
+_KINDS = ("replicated", "maximal", "manual", "unknown", "unreduced")
 # The whole of a simple sharding, for the cache fast path (no nested braces).
 _FLAT_SHARDING = re.compile(r"\{[^{}\"\n]*\}")
 
@@ -128,7 +130,7 @@ def _parse_single(cursor: Cursor) -> HloSharding:
             cursor.fail("input ends inside a sharding: expected '}'", open_pos)
         word_pos = cursor.skip_space()
         word = cursor.match(_WORD, "a sharding keyword (replicated, maximal, manual, unknown, devices=...)").group(0)
-        if word in ("replicated", "maximal", "manual", "unknown", "last_tile_dim_replicate"):
+        if word in (*_KINDS, "last_tile_dim_replicate"):
             flags.add(word)
         elif word == "device":
             cursor.expect("=", "after 'device'")
@@ -162,7 +164,7 @@ def _parse_named(cursor: Cursor, open_pos: int) -> HloSharding:
 
 def _build(cursor: Cursor, open_pos: int, flags: set[str], device: int | None, tiles: TileAssignment | None,
            tiles_pos: int, subgroup_types: tuple[str, ...], metadata: tuple[str, ...]) -> HloSharding:  # fmt: skip
-    kinds = flags & {"replicated", "maximal", "manual", "unknown"}
+    kinds = flags & set(_KINDS)
     if len(kinds) > 1:
         cursor.fail(f"a sharding cannot be both {' and '.join(sorted(kinds))}", open_pos)
     if kinds and tiles is not None:
@@ -174,8 +176,8 @@ def _build(cursor: Cursor, open_pos: int, flags: set[str], device: int | None, t
     if device is not None:
         cursor.fail("device=N only goes with maximal", open_pos)
     if kinds:
-        return {"replicated": HloSharding.replicate, "manual": HloSharding.manual,
-                "unknown": HloSharding.unknown}[next(iter(kinds))](metadata)  # fmt: skip
+        return {"replicated": HloSharding.replicate, "manual": HloSharding.manual, "unknown": HloSharding.unknown,
+                "unreduced": HloSharding.unreduced}[next(iter(kinds))](metadata)  # fmt: skip
     if tiles is None:
         cursor.fail("a sharding needs replicated, maximal, manual, unknown or devices=[...]", open_pos)
     if tiles.iota is None and tiles.num_devices == 1:
@@ -197,7 +199,7 @@ def _parse_subgroup_types(cursor: Cursor) -> tuple[str, ...]:
     types: list[str] = []
     while True:
         pos = cursor.skip_space()
-        word = cursor.match(_WORD, "a subgroup type (manual, replicated)").group(0)
+        word = cursor.match(_WORD, "a subgroup type (manual, unreduced, replicated)").group(0)
         if word not in SUBGROUP_ORDER:
             cursor.fail(f"unknown subgroup type '{word}' (expected one of {', '.join(SUBGROUP_ORDER)})", pos)
         types.append(word)

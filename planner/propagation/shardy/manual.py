@@ -39,4 +39,4 @@ def add_free_axes(outer: TensorSharding, new: TensorSharding, manual: tuple[str,
     for outer_dim, new_dim in zip(outer.dims, new.dims, strict=False):
         kept = tuple(a for a in outer_dim.axes if a.name in manual)
         dims.append(DimSharding(kept + new_dim.axes, new_dim.is_open, new_dim.priority))
-    return TensorSharding(new.mesh, tuple(dims), outer.replicated, outer.unreduced)
+    return TensorSharding(new.mesh, tuple(dims), outer.replicated, outer.unreduced, outer.reduction)

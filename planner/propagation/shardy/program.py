@@ -249,6 +249,9 @@ def _live(comp: Computation, keep_located: bool) -> set[str]:
         for i in comp.instructions
         if i.opcode in _SIDE_EFFECTING
         or (i.opcode == "custom-call" and i.attr("custom_call_has_side_effect"))
+        # A call that reaches the import is a `func.call`, which MLIR's canonicalizer keeps: a call may
+        # have effects it cannot see.
+        or is_named_computation(i)
         or (keep_located and i.metadata is not None and i.metadata.op_name)
     ]
     while stack:

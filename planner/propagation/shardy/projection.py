@@ -37,6 +37,7 @@ class TensorFactorShardings:
     factors: dict[int, FactorSharding] = field(default_factory=dict)
     replicated: tuple[AxisRef, ...] = ()
     unreduced: tuple[AxisRef, ...] = ()
+    reduction: str = "sum"
 
     def expand(self, factor: int, new_axes: list[AxisRef]) -> bool:
         """Takes `new_axes` for `factor` when the present axes are a strict prefix of them."""
@@ -64,7 +65,7 @@ class TensorFactorShardings:
                 if sharded < factor_sizes[factor]:
                     break  # a later factor would need a strided view
             dims.append(DimSharding(tuple(dim_axes), is_open=not closed))
-        return TensorSharding(mesh_name, tuple(dims), self.replicated, self.unreduced)
+        return TensorSharding(mesh_name, tuple(dims), self.replicated, self.unreduced, self.reduction)
 
 
 def _add_axes(dim_axes: list[AxisRef], new: list[AxisRef], mesh: SdyMesh) -> int:
@@ -145,6 +146,7 @@ def project_tensor(
     if sharding is not None:
         result.replicated = sharding.replicated
         result.unreduced = sharding.unreduced
+        result.reduction = sharding.reduction
     return result
 
 
