@@ -10,8 +10,9 @@ returns, so `%1` would vanish with its effect.
 Each such constraint of a function's body is returned as one more result, with no sharding of its
 own: a result without a sharding takes what reaches it and sends nothing back, so the module's
 propagation is unchanged, and the values the test checks keep their positions (the new results come
-last). A constraint inside a region (a loop body, a manual computation) cannot be returned and is left,
-and so is one in a function the module calls: a result more would no longer fit its call sites.
+last). A constraint inside a region (a loop body, a manual computation) cannot be returned and is left.
+In a function the module calls, a result more would no longer fit the calls: such a constraint is read by
+a side-effecting custom call of no results instead, an op with no rule that the converter keeps.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import re
 
 _FUNC = re.compile(r"^(?P<indent>\s*)func\.func (?:\w+ )*@(?P<name>[\w.$-]+)\(.*\{$")
+# The target of the op that keeps a constraint of a called function alive: no registry rule knows it.
+_KEEP_TARGET = "lit.kept_constraint"
 _CALLEE = re.compile(r"\bcall @(?P<name>[\w.$-]+)\(")
 _CONSTRAINT = re.compile(
     r"^(?P<indent>\s*)(?P<value>%[\w]+) = sdy\.sharding_constraint .* : (?P<type>tensor<[^>]*>) loc\("
@@ -34,19 +37,25 @@ def return_dangling_constraints(module_text: str) -> str:
     lines = module_text.split("\n")
     called = set(_CALLEE.findall(module_text))
     func_line: int | None = None
+    called_function = False
     body_indent = ""
     dangling: list[tuple[str, str]] = []
     for number, line in enumerate(lines):
         func = _FUNC.match(line)
         if func is not None:
             func_line, body_indent, dangling = number, func.group("indent") + "  ", []
-            if func.group("name") in called:
-                func_line = None
+            called_function = func.group("name") in called
+            if called_function:
+                func_line = None  # its calls fix its results: its constraints are kept in the body instead
             continue
         constraint = _CONSTRAINT.match(line)
-        if constraint is not None and constraint.group("indent") == body_indent and func_line is not None:
-            if not _used_after(lines, number, constraint.group("value")):
+        if constraint is not None and constraint.group("indent") == body_indent:
+            if _used_after(lines, number, constraint.group("value")):
+                continue
+            if func_line is not None:
                 dangling.append((constraint.group("value"), constraint.group("type")))
+            elif called_function:
+                lines[number] = line + "\n" + _kept(constraint)
             continue
         ret = _RETURN.match(line)
         if ret is not None and ret.group("indent") == body_indent and func_line is not None and dangling:
@@ -54,6 +63,14 @@ def return_dangling_constraints(module_text: str) -> str:
             lines[func_line] = _with_result_types(lines[func_line], [t for _, t in dangling])
             func_line, dangling = None, []
     return "\n".join(lines)
+
+
+def _kept(constraint: re.Match[str]) -> str:
+    """A side-effecting custom call of no results reading the constraint: the converter keeps both, and an
+    op of an unknown target has no rule, so it sends nothing back."""
+    value, kind = constraint.group("value"), constraint.group("type")
+    return (f'{constraint.group("indent")}stablehlo.custom_call @{_KEEP_TARGET}({value}) {{has_side_effect = true}} : '
+            f"({kind}) -> ()")  # fmt: skip
 
 
 def _used_after(lines: list[str], number: int, value: str) -> bool:

@@ -119,3 +119,17 @@ def unmanual_computations_as_named(module_text: str) -> str:
     (`named_computations_as_calls`).
     """
     return _NO_MANUAL_AXES.sub(r'sdy.named_computation<"manual">(\g<operands>) \g<ins> \g<outs> ', module_text)
+
+
+_CALL = re.compile(r"= (?:func\.)?call @")
+
+
+def calls_as_opaque_ops(module_text: str) -> str:
+    """`module_text` with each `func.call` written as a custom call of the callee's name.
+
+    A single propagation pass run without `sdy-add-func-data-flow-edges` or the import links nothing: a
+    call is an op the registry gives no rule (`func::CallOp`), so its results take only what their uses
+    send back, and nothing passes between the caller and the callee. A custom call of an unknown target
+    is that op in HLO (the callee is left unreached, as the test does not check it).
+    """
+    return _CALL.sub("= stablehlo.custom_call @", module_text)

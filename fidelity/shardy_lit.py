@@ -23,7 +23,12 @@ from pathlib import Path
 
 from fidelity.dangling_constraints import return_dangling_constraints
 from fidelity.func_edges import take_func_edges
-from fidelity.named_computations import calls_kept, named_computations_as_calls, unmanual_computations_as_named
+from fidelity.named_computations import (
+    calls_as_opaque_ops,
+    calls_kept,
+    named_computations_as_calls,
+    unmanual_computations_as_named,
+)
 from fidelity.written_edges import take_written_edges, written_edge_owners
 from fidelity.written_reshards import reshards_as_constraints
 from planner.hlo.text.jaxlib_api import jaxlib_version
@@ -51,6 +56,7 @@ class Passes:
     edges_sunk: bool = False
     pipeline: bool = False  # import and export around propagation
     apply_constraints: bool = False
+    dedup_functions: bool = False  # the call graph kept: one body per function, shared by its calls
 
 
 def passes_of(pipeline: str) -> Passes:
@@ -58,7 +64,8 @@ def passes_of(pipeline: str) -> Passes:
     sunk = "sdy-sink-data-flow-edges" in pipeline
     constraints = "sdy-apply-sharding-constraints" in pipeline
     if "sdy-propagation-pipeline" in pipeline:
-        return Passes("user-priority", edges_sunk=True, pipeline=True)
+        dedup = "dedup-functions-fully=true" in pipeline
+        return Passes("user-priority", edges_sunk=True, pipeline=True, dedup_functions=dedup)
     if "sdy-user-priority-propagate" in pipeline:
         return Passes("user-priority", conservative=conservative, edges_sunk=sunk)
     if "sdy-op-priority-propagate" in pipeline:
@@ -178,22 +185,37 @@ def _edge_keys(case: dict, module_text: str, edges: dict[str, list]) -> dict[str
     return out
 
 
+def readable_module(module_text: str, passes: Passes) -> tuple[str, dict[str, str]]:
+    """The test's module in the forms jaxlib's converter takes, and each call-result function edge's
+    location -> its call's (`fidelity.func_edges`).
+
+    The test's own calls are kept (its pipeline, or its function edges, link them to their callees) or
+    opaque (a single pass links nothing) before its named computations become calls of their own.
+    """
+    written = reshards_as_constraints(module_text)
+    if jaxlib_version() >= (0, 12):
+        written = unmanual_computations_as_named(written)
+    written, func_edges = take_func_edges(return_dangling_constraints(written))
+    written = calls_kept(written) if passes.pipeline or func_edges else calls_as_opaque_ops(written)
+    return named_computations_as_calls(written), func_edges
+
+
 def run_case(case: dict) -> CaseResult:
     result = CaseResult(case["name"], case["source"], dict(case["expect"]))
     try:
         passes = passes_of(case["pipeline"])
-        written = reshards_as_constraints(case["module"])
-        if jaxlib_version() >= (0, 12):
-            written = unmanual_computations_as_named(written)
-        readable = named_computations_as_calls(return_dangling_constraints(written))
-        readable, func_edges = take_func_edges(readable)
-        if passes.pipeline or func_edges:
-            readable = calls_kept(readable)
+        readable, func_edges = readable_module(case["module"], passes)
         text, written_edges = take_written_edges(readable)
         module = parse_hlo(read_stablehlo(text))
         result.test_meshes = declared_meshes(case["module"])
         result.module_meshes = module_meshes(module)
-        program = build_program(module, result.module_meshes, order_key=instruction_id, keep_dead=not passes.pipeline)
+        program = build_program(
+            module,
+            result.module_meshes,
+            order_key=instruction_id,
+            keep_dead=not passes.pipeline,
+            dedup_functions=passes.dedup_functions,
+        )
         edge_owners = written_edge_owners(program, written_edges)
         if passes.pipeline:
             run_import(program)

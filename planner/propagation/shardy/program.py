@@ -123,6 +123,16 @@ class Op:
 
 
 @dataclass(eq=False)
+class SharedCallee:
+    """A function built once for all its calls (Shardy's `dedup-functions-fully`): its arguments, what it
+    returns, and the function data-flow edge on each argument (None where an argument has none)."""
+
+    args: list[Tree]
+    returned: Tree
+    arg_edges: list[Op | None]
+
+
+@dataclass(eq=False)
 class Leaf:
     """A value as one element of an instruction's result, with the function-result sharding it carries."""
 
@@ -179,6 +189,10 @@ class Program:
     edge_results: dict[str, list[Value]] = field(default_factory=dict)
     # Per named computation location: its block arguments and its results, each an edge's owner.
     named: dict[str, tuple[list[Value], list[Value]]] = field(default_factory=dict)
+    # Per named computation location: its in_shardings and out_shardings as written (None: not written).
+    named_written: dict[str, tuple[tuple[TensorSharding | None, ...], tuple[TensorSharding | None, ...]]] = field(
+        default_factory=dict
+    )
 
     def new_value(self, name: str, shape: Shape, instruction: str | None = None) -> Value:
         array = shape if isinstance(shape, ArrayShape) else None
@@ -236,7 +250,7 @@ _SIDE_EFFECTING = frozenset({"send", "send-done", "recv", "recv-done", "outfeed"
 
 
 def _live(comp: Computation, keep_located: bool) -> set[str]:
-    """What the root reads, and whatever has a side effect: Shardy's import erases the rest (its
+    """What the root reads, and whatever has a side effect or is a call: Shardy's import erases the rest (its
     canonicalizer drops trivially dead ops), such as the dead `reshape` JAX writes beside a result's
     sharding to carry its GSPMD form.
 
@@ -296,6 +310,8 @@ class _Builder:
         self.keep_dead = keep_dead
         self.manual_stack: list[ManualComputation] = []
         self.current: Computation | None = None
+        # `dedup_functions`: one body per callee, whatever its calls (`SharedCallee`); None: one per call.
+        self.shared: dict[str, SharedCallee] | None = None
 
     def order(self, comp: Computation) -> list[Instruction]:
         """The live instructions in program order: as written (XLA's post order, which its importer
@@ -521,6 +537,8 @@ class _Builder:
         its operand (sharded as the callee's parameter says: `in_shardings`), and the call's results are owners
         of edges from what the callee returns (sharded as the call says: `out_shardings`)."""
         callee = self.module.computation(inst.called_computations[0])
+        if self.shared is not None and callee.name in self.shared:
+            return self.shared_call(inst, operands, self.shared[callee.name])
         args: dict[int, Tree] = {}
         for param in callee.parameters:
             assert param.parameter_number is not None
@@ -537,6 +555,26 @@ class _Builder:
         self.edges(inst, results, [returned], [])
         self.p.named[_op_name(inst)] = (
             [leaf.value for arg in block_args for leaf in _leaves(arg)],
+            [leaf.value for leaf in _leaves(results)],
+        )
+        self.p.named_written[_op_name(inst)] = (tuple(in_shardings), tuple(_sdy_shardings(inst) or ()))
+        if self.shared is not None:
+            arg_edges = [v.defining for arg in block_args for v in (leaf.value for leaf in _leaves(arg))]
+            self.shared[callee.name] = SharedCallee(block_args, returned, arg_edges)
+        return results
+
+    def shared_call(self, inst: Instruction, operands: list[Tree], callee: SharedCallee) -> Tree:
+        """Another call of a function whose body is built once: each of its operands is one more source of
+        the edge on the callee's argument, and its results own edges from what the callee returns."""
+        flat = [leaf.value for t in operands for leaf in _leaves(t)]
+        for edge, operand in zip(callee.arg_edges, flat, strict=True):
+            if edge is not None and edge.kind == EDGE:
+                edge.operands.append(operand)
+                operand.uses.append(edge)
+        results = self.fresh(inst, inst.shape)
+        self.edges(inst, results, [callee.returned], [])
+        self.p.named[_op_name(inst)] = (
+            [leaf.value for arg in callee.args for leaf in _leaves(arg)],
             [leaf.value for leaf in _leaves(results)],
         )
         return results
@@ -655,16 +693,24 @@ def is_named_computation(inst: Instruction) -> bool:
 
 
 def build_program(
-    module: HloModule, meshes: dict[str, SdyMesh], order_key: OrderKey | None = None, keep_dead: bool = False
+    module: HloModule,
+    meshes: dict[str, SdyMesh],
+    order_key: OrderKey | None = None,
+    keep_dead: bool = False,
+    dedup_functions: bool = False,
 ) -> Program:
     """The Shardy view of `module`'s entry computation, calls and loops included.
 
     `order_key`: order each computation's ops by it (kept topological), for a module converted from MLIR
     whose instructions still say the MLIR module's own order (`instruction_id`). `keep_dead`: Shardy runs
-    without its import, whose canonicalizer would erase dead ops (see `_live`).
+    without its import, whose canonicalizer would erase dead ops (see `_live`). `dedup_functions`: every
+    call of a function shares its one body (`SharedCallee`), as `sdy-propagation-pipeline{dedup-functions-
+    fully=true}` keeps the call graph; otherwise each call has a body of its own (`sdy-flatten-call-graph`).
     """
     program = Program(meshes)
     builder = _Builder(module, program, order_key, keep_dead)
+    if dedup_functions:
+        builder.shared = {}
     entry = module.entry
     params: dict[int, Tree] = {}
     for inst in entry.parameters:

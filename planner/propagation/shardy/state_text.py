@@ -68,6 +68,12 @@ def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bo
         outs = manual.current_out_shardings() if edges_sunk else manual.out_shardings
         out[f"{manual.loc}:in_shardings"] = _per_value(ins)
         out[f"{manual.loc}:out_shardings"] = _per_value(outs)
+    if not edges_sunk:
+        # Until the edges sink, a named computation keeps the in_shardings and out_shardings it was written with.
+        for loc, written in program.named_written.items():
+            for key, shardings in zip((f"{loc}:in_shardings", f"{loc}:out_shardings"), written, strict=True):
+                if shardings and all(s is not None for s in shardings):
+                    out[key] = _per_value(list(shardings))  # type: ignore[arg-type]
     if edges_sunk:
         # A named computation's edges sink into its `in_shardings` (block arguments) and `out_shardings`.
         for loc, (block_args, results) in program.named.items():
