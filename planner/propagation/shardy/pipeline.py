@@ -15,8 +15,9 @@ import math
 from dataclasses import replace
 
 from planner.propagation.shardy import axes as ax
+from planner.propagation.shardy.apply_sharding_constraints import apply_sharding_constraints
 from planner.propagation.shardy.constant_splitting import split_constants
-from planner.propagation.shardy.program import EDGE, Program, Value
+from planner.propagation.shardy.program import Program
 from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding
 
 
@@ -70,42 +71,6 @@ def manual_axes_cleanup(program: Program) -> None:
         for result in manual.results:
             if result.sharding is not None:
                 result.sharding = with_unused_replicated(result.sharding, manual.manual_axes)
-
-
-def _is_fully_closed(s: TensorSharding) -> bool:
-    return all(not d.is_open for d in s.dims)
-
-
-def apply_sharding_constraints(program: Program) -> None:
-    """A closed constraint's sharding becomes its input's, when the input has none of its own."""
-    constraints: dict[int, list[TensorSharding]] = {}
-    pairs: list[tuple[Value, TensorSharding]] = []
-    for op in program.ops:
-        if op.kind == EDGE or op.inst is None:
-            continue
-        if op.inst.opcode == "custom-call" and op.inst.attr("custom_call_target") == "Sharding":
-            sharding = op.results[0].sharding
-            if sharding is not None:
-                constraints.setdefault(op.operands[0].index, []).append(sharding)
-                pairs.append((op.operands[0], sharding))
-    for manual in program.manual:
-        for j, arg in enumerate(manual.arguments):
-            sources = [op.operands[0] for op in arg_edges(program, arg)]
-            for source in sources:
-                constraints.setdefault(source.index, []).append(manual.in_shardings[j])
-                pairs.append((source, manual.in_shardings[j]))
-    for value, sharding in pairs:
-        if value.sharding is not None or value.dims is None or not _is_fully_closed(sharding):
-            continue
-        if any(other != sharding for other in constraints.get(value.index, [])):
-            continue
-        if value.defining is not None and value.defining.kind == EDGE:
-            continue  # Shardy moves the constraint instead; the edge keeps its own sharding
-        value.sharding = sharding
-
-
-def arg_edges(program: Program, owner: Value) -> list:  # type: ignore[type-arg]
-    return [op for op in program.ops if op.kind == EDGE and op.results[0] is owner]
 
 
 def _evenly_sharded(s: TensorSharding, dims: tuple[int, ...], mesh: SdyMesh) -> TensorSharding:

@@ -28,6 +28,7 @@ from planner.propagation.shardy.driver import STRATEGIES, Propagation, is_elemen
 from planner.propagation.shardy.factor_propagation import Direction
 from planner.propagation.shardy.program import EDGE, FuncResult, Op, Program, Value
 from planner.propagation.shardy.rule import FactorType
+from planner.propagation.shardy.sharding_group_import import unify_sharding_groups
 from planner.sharding.shardy import AxisRef, DimSharding, TensorSharding
 
 OFFLOAD_TARGETS = frozenset({"MoveToHost", "MoveToDevice"})
@@ -170,6 +171,7 @@ def run_user_priority(program: Program, conservative: bool = False) -> None:
 
 def propagate(program: Program, pass_name: str, strategy: str = "aggressive", conservative: bool = False) -> None:
     """Runs one of Shardy's propagation passes over `program` in place."""
+    unify_sharding_groups(program)
     sync_groups(program)
     if pass_name in ("basic", "aggressive"):
         run_strategy(program, strategy if pass_name == "aggressive" else "basic", _step4, conservative)
