@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.job_store import Job
+from planner.plan.model import VerifyNotRun
 
 JobState = Literal["queued", "running", "done", "failed"]
 
@@ -29,6 +30,11 @@ class JobRecord(BaseModel):
         default=None,
         description="a verify job's stored plan id (`plan_id`), a search job's stored search id (`search_id`)",
     )
+    verify_not_run: VerifyNotRun | None = Field(
+        default=None,
+        description="a verify job done whose compiles did not run: why (its plan is stored all the same, at "
+        "links.plan)",
+    )
     error: str | None = Field(default=None, description="why a failed job failed")
     attempt: int = Field(description="1 for the first run; a job whose worker stopped runs again")
     created_at: float
@@ -41,8 +47,10 @@ class JobRecord(BaseModel):
         links = JobLinks(self=f"/jobs/{job.id}", events=f"/jobs/{job.id}/events", view=f"/jobs/{job.id}/view",
                          plan=f"/plans/{plan_id}" if plan_id else None,
                          search=f"/searches/{search_id}" if search_id else None)  # fmt: skip
+        not_run = (job.result or {}).get("verify_not_run")
         return cls(id=job.id, kind=job.kind, state=job.state, progress=round(job.progress, 4),  # type: ignore[arg-type]
                    message=job.message, result=job.result, error=job.error, attempt=job.attempt,
+                   verify_not_run=VerifyNotRun.model_validate(not_run) if not_run is not None else None,
                    created_at=job.created_at, updated_at=job.updated_at, links=links)  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from api.job_store import JobStore
 from api.plan_job import plan_job
 from api.planning import store_answer
 from api.store import PlanStore
+from planner.plan.model import Plan
 from planner.progress import reporting
 from planner.targets import tpu_topology
 from planner.wire import PlanRequest
@@ -102,6 +103,10 @@ def _work(
         return None, f"{answer['message']}{where}"
     plan_id = plan_request.content_hash()
     store_answer(store, plan_id, answer)
+    # A plan whose compiles did not run is still the job's result; the record says so and why (`JobRecord`).
+    not_run = Plan.model_validate_json(answer["plan_json"]).verify_not_run
+    if not_run is not None:
+        return {"plan_id": plan_id, "verify_not_run": not_run.model_dump(mode="json")}, None
     return {"plan_id": plan_id}, None
 
 

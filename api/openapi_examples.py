@@ -90,6 +90,13 @@ _OTHERS: dict[str, Any] = {
         "xla_saving_bytes": 201326584, "after_while_shapes": ["(s32[], f32[2,64,512]{2,1,0}, f32[8,2,64, ...)"],
         "stacked_gradients_at_shard": True, "gradient_mismatches": [], "seconds": 7.047,
     },
+    "VerifyNotRun": {  # `plan --verify` with jaxlib 0.7.1 on a step jax 0.12 lowered (tests/fixtures/jax_0_12)
+        "cause": "unreadable-module",
+        "reason": "the module was written by jax 0.12 (`order=TOTAL` on lt_to.1), which the installed jaxlib 0.7.1 "
+                  "cannot read; to verify it, plan it in a Python 3.12 environment with jax 0.12: pip install "
+                  "'spmd-planner[jax]' 'jax==0.12.*'",
+        "written_by": "jax 0.12", "jaxlib": "jaxlib 0.7.1", "install": "pip install 'spmd-planner[jax]' 'jax==0.12.*'",
+    },
     "TpuVerification": {  # `plan --chip v6e --verify` on the JAX corpus case, with libtpu installed
         "xla": "jaxlib 0.7.1 (XLA:TPU, libtpu 0.0.20, GSPMD ahead of time for v6e:2x4)", "topology": "v6e:2x4",
         "before_total_bytes": 407367584, "after_total_bytes": 193293504, "xla_saving_bytes": 214074080,
@@ -156,7 +163,7 @@ _OTHERS["JobLinks"] = {"self": f"/jobs/{_JOB_ID}", "events": f"/jobs/{_JOB_ID}/e
                        "search": None}  # fmt: skip
 _OTHERS["JobRecord"] = {
     "id": _JOB_ID, "kind": "verify", "state": "done", "progress": 1.0, "message": "done",
-    "result": {"plan_id": "c29be64f11394efc6aacaf452b97f455"}, "error": None, "attempt": 1,
+    "result": {"plan_id": "c29be64f11394efc6aacaf452b97f455"}, "error": None, "verify_not_run": None, "attempt": 1,
     "created_at": 1795420800.0, "updated_at": 1795420819.4, "links": _OTHERS["JobLinks"],
 }  # fmt: skip
 _RUNNING_ID = "7b0acd7b32a04e47bf4a724c347b16e4"

@@ -2,7 +2,9 @@
 
 Exit codes: 0 success, 2 bad input (unreadable file, HLO that does not parse, a
 mesh or manifest that does not fit the module) or a plan that cannot be made,
-with the located message on stderr.
+with the located message on stderr; 3 a plan printed whole whose `--verify`
+compiled nothing (a module the installed jaxlib cannot read, no compiler
+installed, XLA failing), the plan's `not verified:` line saying why.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spmd-planner",
         description="Find buffers GSPMD leaves under-sharded, size HBM per chip, and plan sharding fixes.",
+        epilog="exit status: 0 success; 2 bad input, or no plan could be made (the message on stderr); 3 `plan "
+        "--verify` printed the plan but compiled nothing (its `not verified:` line says why)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in _COMMANDS:

@@ -25,6 +25,8 @@ from planner.units import format_bytes
 
 # Chip groups with distinct numbers printed one per line; the rest are counted.
 MAX_CHIP_GROUPS = 4
+# The exit status of a plan printed whole whose --verify compiled nothing (see `cli.main`).
+NOT_VERIFIED = 3
 
 
 def register(sub: Any) -> None:
@@ -33,7 +35,10 @@ def register(sub: Any) -> None:
     p.add_argument("--manifest", type=Path, help="JSON: output names and parameter partition specs from the client")
     p.add_argument("--threshold", type=float, default=1.5, help="report buffers above this multiple of their ideal")
     p.add_argument("--min-bytes", type=bytes_arg, default=1 << 20, help="and wasting at least this much per chip")
-    p.add_argument("--verify", action="store_true", help="compile original and patched module with real XLA")
+    p.add_argument("--verify", action="store_true",
+                   help="compile original and patched module with real XLA; when it cannot (a module the installed "
+                   "jaxlib cannot read, no compiler installed), the plan is printed with why, and the exit status is "
+                   f"{NOT_VERIFIED}")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--every-chip", action="store_true",
                    help="with --json: bytes per chip one entry per chip (default: one per distinct value)")  # fmt: skip
@@ -73,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"spmd-planner: warning: {warning}", file=sys.stderr)
     every_chip = {"every_chip": args.every_chip}
     print(plan.model_dump_json(indent=1, context=every_chip) if args.json else render_plan(plan))
-    return 0
+    if plan.verify_not_run is None:
+        return 0
+    if args.json:
+        # The text plan ends with this line; JSON carries it in `verify_not_run`, which a terminal does not show.
+        print(f"spmd-planner: not verified: {plan.verify_not_run.reason}", file=sys.stderr)
+    return NOT_VERIFIED
 
 
 def render_plan(plan: Plan) -> str:
@@ -206,8 +216,8 @@ def _render_next_steps(plan: Plan) -> list[str]:
 
 
 def _render_verification(plan: Plan) -> list[str]:
-    if plan.verification_skipped is not None:
-        return [f"  not verified: {plan.verification_skipped}"]
+    if plan.verify_not_run is not None:
+        return [f"  not verified: {plan.verify_not_run.reason}"]
     v = plan.verification
     if v is None:
         return []

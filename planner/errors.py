@@ -8,6 +8,8 @@ guards internal invariants.
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 # Long HLO lines (torch_xla repeats whole tuple types on every operand) are
 # clipped around the error column so the caret stays readable.
 _CONTEXT_CHARS = 60
@@ -64,12 +66,60 @@ class PlanningError(PlannerError):
     """The planner could not produce a plan for a well-formed request."""
 
 
+# Why verify compiled nothing, by kind (`Unverifiable.cause`, `planner.plan.model.VerifyNotRun`).
+VerifyCause = Literal["no-faithful-compile", "compiler-missing", "unreadable-module", "compile-failed"]
+
+
 class Unverifiable(PlanningError):
-    """No faithful compile of this module is possible here (the message says why): verify says so instead."""
+    """No faithful compile of this module is possible here (the message says why): verify says so instead.
+
+    `cause` names the kind for clients; each subclass sets its own.
+    """
+
+    cause: ClassVar[VerifyCause] = "no-faithful-compile"
 
 
 class UnfaithfulConversion(Unverifiable):
     """The module has no StableHLO that jaxlib turns back into it, so jaxlib's compilers cannot compile it as given."""
+
+
+class CompilerMissing(Unverifiable):
+    """The compiler verify needs is not installed here; the message names the extra that brings it."""
+
+    cause = "compiler-missing"
+
+
+class CompileFailed(Unverifiable):
+    """XLA ran on the module and failed or did not finish; the message is XLA's own error, in one line."""
+
+    cause = "compile-failed"
+
+
+class UnreadableModule(Unverifiable):
+    """The installed jaxlib's HLO parser refuses the module's text, as it refuses forms a newer jax writes.
+
+    `written_by` is that jax release when the text shows it (e.g. `jax 0.12`), `jaxlib` the installed one,
+    `install` what to install to verify the module; the message says all three in one line.
+    """
+
+    cause = "unreadable-module"
+
+    def __init__(self, message: str, written_by: str | None, jaxlib: str, install: str | None) -> None:
+        super().__init__(message)
+        self.written_by = written_by
+        self.jaxlib = jaxlib
+        self.install = install
+
+
+class JaxlibRefusedText(PlannerError):
+    """jaxlib's HLO parser refused text handed to it: XLA's reason, where, and the line it stopped on."""
+
+    def __init__(self, reason: str, line: int, column: int, line_text: str) -> None:
+        super().__init__(f"{line}:{column}: {reason}")
+        self.reason = reason
+        self.line = line
+        self.column = column
+        self.line_text = line_text
 
 
 # What a recursion that ran out of stack reports: the parser bounds tuple nesting, so reaching this means

@@ -6,8 +6,11 @@ memory statistics: arguments + outputs + temporaries - aliased bytes.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
 
+from pydantic import BaseModel, Field, computed_field, model_validator
+
+from planner.errors import UnreadableModule, Unverifiable, VerifyCause
 from planner.plan.chip_bytes import PerChipBytes
 
 
@@ -249,6 +252,30 @@ class Verification(BaseModel):
     seconds: float
 
 
+class VerifyNotRun(BaseModel):
+    """`--verify` was asked and compiled nothing to compare: why, as a cause a client can act on and as the
+    line a person reads. The plan stands without it."""
+
+    cause: VerifyCause = Field(
+        description="no-faithful-compile (parameters torch_xla or this machine cannot hold, a module the conversion "
+        "cannot keep), compiler-missing (jaxlib, torch_xla or libtpu not installed), unreadable-module (the "
+        "installed jaxlib cannot read the module's text, as text a newer jax writes) or compile-failed (XLA failed "
+        "or ran out of time)"
+    )
+    reason: str = Field(description="why, in one line: what the CLI prints after `not verified:`")
+    written_by: str | None = Field(
+        default=None, description="unreadable-module: the jax release that wrote the module, e.g. `jax 0.12`"
+    )
+    jaxlib: str | None = Field(default=None, description="unreadable-module: the jaxlib installed where it was planned")
+    install: str | None = Field(default=None, description="unreadable-module: what to install to verify the module")
+
+    @classmethod
+    def of(cls, e: Unverifiable) -> VerifyNotRun:
+        if isinstance(e, UnreadableModule):
+            return cls(cause=e.cause, reason=str(e), written_by=e.written_by, jaxlib=e.jaxlib, install=e.install)
+        return cls(cause=e.cause, reason=str(e))
+
+
 class VerdictInfo(BaseModel):
     """Whether the step fits, before and after the recommended change set: the first thing a report says."""
 
@@ -311,6 +338,9 @@ class TimelineSeries(BaseModel):
     peak_index: int
 
 
+_SKIPPED = "verify_not_run's reason, the one line (null when verify ran or was not asked)"
+
+
 class Plan(BaseModel):
     verdict: VerdictInfo | None = Field(default=None, description="fits / does not fit, before and after")
     warnings: list[str] = Field(default_factory=list, description="about the request, e.g. a mesh that looks swapped")
@@ -343,6 +373,21 @@ class Plan(BaseModel):
         default=None,
         description="why the recommended change set was withdrawn: the compiler measured less than it claims",
     )
-    verification_skipped: str | None = Field(
-        default=None, description="why no faithful verification was possible for this module, when --verify was asked"
+    verify_not_run: VerifyNotRun | None = Field(
+        default=None, description="why --verify compiled nothing, when it was asked: the plan stands without it"
     )
+
+    @computed_field(description=_SKIPPED)  # type: ignore[prop-decorator]
+    @property
+    def verification_skipped(self) -> str | None:
+        return self.verify_not_run.reason if self.verify_not_run is not None else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reason_alone(cls, data: Any) -> Any:
+        """A stored plan JSON that says why in `verification_skipped` alone held the one cause that field had:
+        no faithful compile. It reads as that cause."""
+        if isinstance(data, dict) and data.get("verification_skipped") and data.get("verify_not_run") is None:
+            reason = data["verification_skipped"]
+            return {**data, "verify_not_run": {"cause": "no-faithful-compile", "reason": reason}}
+        return data

@@ -75,6 +75,7 @@ from planner.plan.model import (
     TimelineSeries,
     TorchPinInfo,
     UserPlacementInfo,
+    VerifyNotRun,
 )
 from planner.plan.verdict import band_for, verdict, verify_command
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
@@ -338,7 +339,7 @@ def _make_plan(
             topology,
         )
     except Unverifiable as e:
-        plan.verification_skipped = str(e)
+        plan.verify_not_run = VerifyNotRun.of(e)
         return plan, patched
     checked.confirmed, withdrawn = confirmation(checked, prepared.compiler)
     if withdrawn is not None and chosen:

@@ -10,13 +10,17 @@ naming the installed jax and what to hand over instead, never an AttributeError.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from planner.errors import PlanningError
+from planner.errors import JaxlibRefusedText, PlanningError
 from planner.hlo.text.compat import for_jaxlib_0_7
 
 # The jaxlib releases that still need the text without debug-info tables.
 _OLD_TEXT_BEFORE = (0, 8)
+# How XLA's HLO parser says where it stopped: `was parsing 31:75: error: unexpected attribute "order".
+# Allowed attributes: ...`; the list of what it allows is left out of the reason.
+_PARSER_REFUSAL = re.compile(r"was parsing (\d+):(\d+): error: ([^\n]*?)(?:\. Allowed attributes:[^\n]*)?$", re.M)
 
 
 def jaxlib_version() -> tuple[int, ...]:
@@ -69,8 +73,22 @@ def text_for_jaxlib(text: str) -> str:
 
 
 def hlo_proto(text: str) -> bytes:
-    """The serialized HloModuleProto of HLO `text`, parsed by the installed XLA."""
-    module = hlo_bindings().hlo_module_from_text(text_for_jaxlib(text))
+    """The serialized HloModuleProto of HLO `text`, parsed by the installed XLA.
+
+    Raises `JaxlibRefusedText` when XLA's parser refuses the text (a form a newer XLA writes), with its reason
+    and the line it stopped on.
+    """
+    readable = text_for_jaxlib(text)
+    try:
+        module = hlo_bindings().hlo_module_from_text(readable)
+    except Exception as e:  # jaxlib's XlaRuntimeError, whose class each release keeps elsewhere
+        refusal = _PARSER_REFUSAL.search(str(e))
+        if refusal is None:
+            raise
+        line, column = int(refusal.group(1)), int(refusal.group(2))
+        lines = readable.splitlines()
+        line_text = lines[line - 1] if 0 < line <= len(lines) else ""
+        raise JaxlibRefusedText(refusal.group(3), line, column, line_text) from None
     return bytes(module.as_serialized_hlo_module_proto())
 
 

@@ -3,7 +3,8 @@
 Run as a subprocess (`python -m planner.plan.compilers.torch_xla_compile`), one module per
 process: torch_xla reads its device count and XLA's flags once. Reads
 `{"hlo": TEXT, "num_devices": N, "parameters": parameter_specs(module)}` as JSON on stdin and prints one JSON line with
-XLA's per-device bytes and each While's carried tuple after SPMD partitioning.
+XLA's per-device bytes and each While's carried tuple after SPMD partitioning, or jaxlib's refusal of the text
+(`planner.plan.compilers.xla_compile.refusal_report`).
 
 Why torch_xla's XLA: it is the compiler that compiles the step. jaxlib compiles
 only StableHLO and canonicalizes it on the way back to HLO, which changes
@@ -44,11 +45,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.errors import Unverifiable
+from planner.errors import JaxlibRefusedText, Unverifiable
 from planner.hlo.ir.module import HloModule
 from planner.hlo.ir.shapes import ArrayShape
 from planner.memory.donation import buffer_donors, declared_aliases
-from planner.plan.compilers.xla_compile import allocated_bytes, partitioned_whiles
+from planner.plan.compilers.xla_compile import allocated_bytes, partitioned_whiles, refusal_report
 from planner.sharding.hlo_sharding import Kind
 from planner.units import format_bytes
 
@@ -207,7 +208,10 @@ def main() -> int:
             CPU_NUM_DEVICES=str(n),
             XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=spmd-partitioning",
         )
-        report = compile_step(text, specs, n, dump)
+        try:
+            report = compile_step(text, specs, n, dump)
+        except JaxlibRefusedText as e:
+            report = refusal_report(e)
     print(json.dumps(report))
     return 0
 

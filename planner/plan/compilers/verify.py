@@ -28,18 +28,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.errors import PlanningError, UnfaithfulConversion
+from planner.errors import CompileFailed, CompilerMissing, UnfaithfulConversion, Unverifiable
 from planner.hlo.ir.module import HloModule
 from planner.hlo.ir.shapes import ArrayShape, Shape, TupleShape, parse_shape
 from planner.hlo.structure.frontend import is_torch_xla_module
 from planner.hlo.text.printer import print_module
 from planner.hlo.text.shardy_import import partitioner_of
+from planner.plan.compilers.jax_releases import unreadable_module
 from planner.plan.compilers.torch_xla_compile import host_budget_bytes, parameter_specs, parameters_fit_host
 from planner.plan.diagnosis.scan_pairs import StackedGradient
 from planner.plan.model import TpuVerification, Verification
@@ -66,6 +68,8 @@ class Predicted:
 
 
 def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
+    """The child's report on one module. Every way it has none is an `Unverifiable` of its own cause: the
+    compiler not installed, text the installed jaxlib cannot read, XLA failing or out of time."""
     try:
         done = subprocess.run(
             [sys.executable, "-m", entry],
@@ -75,17 +79,47 @@ def _run(entry: str, request: dict, timeout: float, needs: str) -> dict:
             timeout=timeout,
             check=False,
         )
-    except subprocess.TimeoutExpired as e:
-        raise PlanningError(f"XLA did not finish compiling within {timeout:.0f} s") from e
+    except subprocess.TimeoutExpired:
+        raise CompileFailed(f"XLA did not finish compiling within {timeout:.0f} s") from None
     if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        if "No module named 'jax" in done.stderr or "No module named 'torch" in done.stderr:
-            extra = "jax" if needs == "jaxlib" else "xla"
-            tail = f"{needs} is not installed: install the `{extra}` extra (pip install 'spmd-planner[{extra}]')"
-        elif request.get("tpu_topology") and "libtpu" in done.stderr.lower() and "not found" in done.stderr.lower():
-            tail = "libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')"
-        raise PlanningError(f"XLA could not compile the module: {tail}")
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        raise _failure(done.returncode, done.stderr, request, needs)
+    report: dict = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = report.get("refused")
+    if refused is not None:
+        raise unreadable_module(request["hlo"], refused["reason"], refused["line_text"], refused["jaxlib"])
+    return report
+
+
+def _failure(returncode: int, stderr: str, request: dict, needs: str) -> Unverifiable:
+    """Why a child exited without a report: the compiler it imports missing, or XLA's error in one line."""
+    if "No module named 'jax" in stderr or "No module named 'torch" in stderr:
+        extra = "jax" if needs == "jaxlib" else "xla"
+        return CompilerMissing(
+            f"{needs} is not installed: install the `{extra}` extra (pip install 'spmd-planner[{extra}]')"
+        )
+    if request.get("tpu_topology") and "libtpu" in stderr.lower() and "not found" in stderr.lower():
+        return CompilerMissing("libtpu is not installed: install the `tpu` extra (pip install 'spmd-planner[tpu]')")
+    if returncode < 0:
+        return CompileFailed(f"XLA's compile was killed by signal {-returncode} (out of memory, or stopped)")
+    return CompileFailed(f"XLA could not compile the module: {error_line(stderr)}")
+
+
+# The line a Python traceback ends with, `jaxlib._jax.XlaRuntimeError: INTERNAL: ...`, without its module path.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*(\w*(?:Error|Exception|Exit)): (.*)$")
+
+
+def error_line(stderr: str) -> str:
+    """A child's error in one line: its traceback's last exception line (XLA's message continues on the next
+    line when it ends at a colon; the text it quotes and its caret line are left out), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        found = _EXCEPTION_LINE.match(lines[i])
+        if found is not None:
+            message = f"{found.group(1)}: {found.group(2)}"
+            if message.endswith(":") and i + 1 < len(lines):
+                message = f"{message} {lines[i + 1]}"
+            return message
+    return lines[-1] if lines else "the compile's child failed without a word"
 
 
 def compile_with_xla(
@@ -102,7 +136,7 @@ def compile_with_xla(
 
     `conversion` ("faithful" or "plain") overrides how the text becomes StableHLO (default: a torch_xla
     module faithfully, a JAX module as JAX's compile takes it). Raises `UnfaithfulConversion` for a
-    module the faithful conversion cannot keep.
+    module the faithful conversion cannot keep, another `Unverifiable` where the compile gives no report.
     """
     # The child writes the text as its own jaxlib reads it (`planner.hlo.text.jaxlib_api.text_for_jaxlib`).
     request = {"hlo": text, "num_devices": num_devices, "allow_output": allow_output,
@@ -166,7 +200,8 @@ def verify(
     """The XLA that compiles such modules compiles the module as given, inlined and patched; with
     `tpu_topology` (and libtpu), XLA:TPU too.
 
-    Raises `Unverifiable` when no faithful compile is possible here (the message says why).
+    Raises `Unverifiable` when no faithful compile is possible here or a compile gives no report (its `cause`
+    says which kind, the message why). XLA:TPU's own failures are `tpu_skipped`: XLA:CPU's report stands.
     """
     allow_output = output_propagation(original)
     # A JAX module compiles with the partitioner it names, as its user's compile does; torch_xla's XLA runs GSPMD.
@@ -274,6 +309,8 @@ def verify_on_tpu(
             "XLA:TPU is reached only through jaxlib's StableHLO, and the module has none that jaxlib's compile "
             f"path turns back into it: {e}"
         )
+    except Unverifiable as e:
+        return None, str(e)
     return TpuVerification(
         xla=after["xla"],
         topology=topology,

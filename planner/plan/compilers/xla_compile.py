@@ -6,7 +6,8 @@ Reads `{"hlo": TEXT, "num_devices": N, "allow_output": BOOL or [BOOL, ...], "tpu
 "partitioner": "gspmd" or "shardy"}` as JSON on stdin and prints one JSON line: XLA's version, compiled memory
 statistics (bytes per device), XLA:CPU's buffer allocations and each While's
 carried tuple per device right after SPMD partitioning; or `{"unfaithful":
-REASON}` for a module jaxlib cannot be given as it is (`UnfaithfulConversion`).
+REASON}` for a module jaxlib cannot be given as it is (`UnfaithfulConversion`), or
+`{"refused": {...}}` for text jaxlib's parser refuses (`refusal_report`).
 Needs jaxlib (the `xla` extra). With `tpu_topology` (e.g. `v6e:2x4`, needs
 libtpu from the `tpu` extra) XLA:TPU compiles it ahead of time for that slice,
 with no TPU attached: the bytes a user's chip will see. This is the one place
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import UnfaithfulConversion
+from planner.errors import JaxlibRefusedText, UnfaithfulConversion
 
 PARTITIONERS = ("gspmd", "shardy")
 _WHILE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)) while\(", re.MULTILINE)
@@ -233,6 +234,15 @@ def _output_shardings(executable: Any) -> list[str] | None:
     return [str(xla_client.HloSharding.from_proto(op)) for op in shardings]
 
 
+def refusal_report(e: JaxlibRefusedText) -> dict[str, Any]:
+    """What a child reports of text its jaxlib's parser refused: the reason, where, and which jaxlib refused
+    it (`planner.plan.compilers.jax_releases` tells the parent which release wrote the text)."""
+    import jaxlib
+
+    return {"refused": {"reason": e.reason, "line": e.line, "column": e.column, "line_text": e.line_text,
+                        "jaxlib": jaxlib.__version__}}  # fmt: skip
+
+
 def main() -> int:
     request = json.load(sys.stdin)
     with tempfile.TemporaryDirectory(prefix="spmd-planner-xla-") as dump:
@@ -240,6 +250,8 @@ def main() -> int:
             report = _compile_report(request, dump)
         except UnfaithfulConversion as e:
             report = {"unfaithful": str(e)}
+        except JaxlibRefusedText as e:
+            report = refusal_report(e)
     print(json.dumps(report))
     return 0
 
