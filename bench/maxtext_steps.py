@@ -41,7 +41,7 @@ def rows(directory: Path) -> list[dict[str, object]]:
     from planner.hlo.structure.frontend import front_end_of
     from planner.memory import CHIPS, memory_report
     from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
-    from planner.prepare import prepare
+    from planner.prepare import absent_passes, prepare
     from planner.propagation import propagate
 
     out = []
@@ -55,7 +55,9 @@ def rows(directory: Path) -> list[dict[str, object]]:
                                       "compile_seconds": record.get("compile_seconds")}  # fmt: skip
             start = time.perf_counter()
             try:
-                prepared = prepare(parse_hlo_file(_path(directory, name, form)), chip)
+                # Prepared as the libtpu that compiled the step: its pipeline's passes, not today's.
+                disabled = absent_passes(record["libtpu"])
+                prepared = prepare(parse_hlo_file(_path(directory, name, form)), chip, disabled=disabled)
                 band = band_of("tpu", record["partitioner"], front_end_of(prepared.source))
                 result = propagate(prepared)
                 report = memory_report(prepared, result=result)

@@ -2,7 +2,7 @@
 
     python -m fidelity.run_maxtext NAME --out DIR [--model llama3-8b] [--topology v6e-8]
                                    [--partitioner shardy|gspmd] [--layers N] [--set KEY=VALUE ...]
-                                   [--keep-dumps]
+                                   [--keep-dumps] [--dump-pass-re REGEX] [--disable-passes A,B]
 
 Runs in the environment `make maxtext-env` makes (`.venv-maxtext`: `maxtext` 0.2.5 on Python 3.12, today's
 jax and libtpu), with the project on PYTHONPATH. MaxText's own `train_compile` builds and compiles the
@@ -128,10 +128,14 @@ def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:
 
 
 def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, layers: int | None,
-        overrides: list[str], keep_dumps: bool = False) -> dict[str, Any]:  # fmt: skip
+        overrides: list[str], keep_dumps: bool = False, dump_pass_re: str = DUMP_PASS_RE,
+        disabled_passes: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     dump_dir = out_dir / f"{name}.dump"
     shutil.rmtree(dump_dir, ignore_errors=True)
-    os.environ["XLA_FLAGS"] = f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re={DUMP_PASS_RE}"
+    flags = [f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text", f"--xla_dump_hlo_pass_re={dump_pass_re}"]
+    if disabled_passes:
+        flags.append(f"--xla_disable_hlo_passes={','.join(disabled_passes)}")
+    os.environ["XLA_FLAGS"] = " ".join(flags)
     os.environ["JAX_USE_SHARDY_PARTITIONER"] = "true" if partitioner == "shardy" else "false"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -171,6 +175,7 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
         "partitioner": partitioner,
         "layers": layers,
         "overrides": overrides,
+        **({"disabled_passes": list(disabled_passes)} if disabled_passes else {}),
         # MaxText's own base config, named by its place in the package rather than this machine's path.
         "argv": [argv[0], "maxtext/configs/base.yml", *argv[2:]],
         "compile_seconds": seen.get("compile_seconds"),
@@ -215,10 +220,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep XLA's pass dumps in OUT/NAME.dump (read its peak with fidelity.xla_peak)",
     )
+    parser.add_argument(
+        "--dump-pass-re",
+        default=DUMP_PASS_RE,
+        help="the passes whose boundaries XLA dumps (`.*`: every pass that changed the module; with --keep-dumps)",
+    )
+    parser.add_argument(
+        "--disable-passes",
+        default="",
+        metavar="A,B",
+        help="XLA passes to turn off by name (`--xla_disable_hlo_passes`), to see what each one changes",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    disabled = tuple(p for p in args.disable_passes.split(",") if p)
     record = run(args.name, args.out, args.model, args.topology, args.partitioner, args.layers, args.overrides,
-                 args.keep_dumps)  # fmt: skip
+                 args.keep_dumps, args.dump_pass_re, disabled)  # fmt: skip
     whiles = len(record["tpu"]["post_partition_while_shapes"])
     if "oom" in record["tpu"]:
         needs, _ = reference_bytes(record)

@@ -8,7 +8,15 @@ GSPMD, had its calls inlined, its mesh resolved and checked, its loops found, an
 the target compiler's own passes that change what propagation decides.
 """
 
-from planner.prepare.pipeline import FRONT_PASSES, TARGET_PASSES, Preparation, annotate, prepare, reprepare
+from planner.prepare.pipeline import (
+    FRONT_PASSES,
+    TARGET_PASSES,
+    Preparation,
+    absent_passes,
+    annotate,
+    prepare,
+    reprepare,
+)
 from planner.prepare.prepared import PassRecord, PreparedModule
 from planner.prepare.rewrite import ModulePass, Rewrite
 
@@ -20,6 +28,7 @@ __all__ = [
     "Preparation",
     "PreparedModule",
     "Rewrite",
+    "absent_passes",
     "annotate",
     "prepare",
     "reprepare",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 
 from planner.hlo.ir.module import HloModule
 from planner.hlo.structure.inline import resolve_chains
@@ -27,6 +28,7 @@ from planner.prepare.constant_sinking import WhileLoopConstantSinking
 from planner.prepare.constant_splitter import HloConstantSplitter
 from planner.prepare.cse import HloCse
 from planner.prepare.dead_code import HloDce, TupleSimplifier
+from planner.prepare.degenerate_dims import DegenerateDimensionRewriter
 from planner.prepare.fixed_point import FixedPoint
 from planner.prepare.front import CallInlining, FlattenCallGraph, ShardyImport
 from planner.prepare.list_order import AddedRootsLast
@@ -60,6 +62,7 @@ TPU_SIMPLIFICATION = FixedPoint(
         HloCse(),
         AlgebraicSimplifier(),
         TpuReduceRewriter(),
+        DegenerateDimensionRewriter(),
         TpuBroadcastRewriter(),
         HloDce(),
         TupleSimplifier(),
@@ -89,6 +92,28 @@ TPU_PASSES: tuple[ModulePass, ...] = (
     HloDce(),
 )
 
+# Passes of today's XLA:TPU pipeline that an older libtpu does not run, by the first release that runs
+# them: a step compiled by an older one is prepared with them disabled (`absent_passes`).
+TPU_PASSES_SINCE: dict[str, tuple[int, ...]] = {DegenerateDimensionRewriter.NAME: (0, 0, 52)}
+
+
+def absent_passes(libtpu: str | None) -> frozenset[str]:
+    """The modelled XLA:TPU passes libtpu `libtpu` (`0.0.50.1`) does not run: `prepare`'s `disabled` for its
+    steps. None: the newest libtpu, which runs them all."""
+    if libtpu is None:
+        return frozenset()
+    release = tuple(int(p) for p in libtpu.split(".") if p.isdigit())
+    return frozenset(name for name, since in TPU_PASSES_SINCE.items() if release < since)
+
+
+def installed_libtpu() -> str | None:
+    """The libtpu this environment compiles XLA:TPU steps with (None: none installed)."""
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 # The compiler's passes after the front ones, by compiler. XLA:GPU's pipeline is not modelled: its
 # steps are prepared as XLA:CPU's (the planner has no GPU references to check one against).
 TARGET_PASSES: dict[str, tuple[ModulePass, ...]] = {
@@ -117,7 +142,7 @@ def prepare(
     options: PropagationOptions | None = None,
     *,
     pass_input: bool = False,
-    disabled: frozenset[str] = frozenset(),
+    disabled: frozenset[str] | None = None,
 ) -> PreparedModule:
     """`module` as `target`'s compiler will partition it, with its mesh resolved and checked.
 
@@ -127,8 +152,11 @@ def prepare(
     already what the propagation pass receives (a dump taken at the pass, or the module of one of
     XLA's own propagation tests, which run the pass alone): no pass runs on it but reading Shardy.
     `disabled` names target passes not to run, as XLA's `--xla_disable_hlo_passes` does: the
-    experiment that tells which pass changes a decision.
+    experiment that tells which pass changes a decision; left out, the passes the installed libtpu does not
+    run (`absent_passes`: a step is prepared as the compiler at hand would compile it, the newest without one).
     """
+    if disabled is None:
+        disabled = absent_passes(installed_libtpu())
     backend = backend_of(target)
     # JAX's lowered text leaves out the compile options jit passes beside it: restored before anything reads them.
     module, assumed = with_jax_compile_defaults(module, mesh)
