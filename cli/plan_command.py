@@ -90,7 +90,8 @@ def render_plan(plan: Plan) -> str:
     lines = [f"plan for {plan.module}" + (f" on mesh {plan.mesh}" if plan.mesh else "")]
     lines.extend(_render_verdict(plan))
     if plan.partitioner != "gspmd":
-        lines.append(f"  partitioner: {plan.partitioner}")
+        by = f", by the rules of {plan.shardy_release}" if plan.shardy_release else ""
+        lines.append(f"  partitioner: {plan.partitioner}{by}")
     lines.extend(_render_next_steps(plan))
     for loop in plan.loops:
         trips = f"{loop.trip_count} trips" if loop.trip_count is not None else "trips unknown"

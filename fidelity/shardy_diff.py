@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from fidelity.shardy_lit import CaseResult, declared_meshes
+from fidelity.shardy_values import expectations
 from planner.hlo.ir.module import Instruction
 from planner.hlo.text.parser import parse_hlo
 from planner.hlo.text.shardy_import import module_meshes
@@ -24,7 +25,6 @@ from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.pipeline import run_export, run_import
 from planner.propagation.shardy.program import build_program
 from planner.propagation.shardy.schedule import propagate
-from planner.propagation.shardy.state_text import expectations
 
 _OP_LINE = re.compile(r"^(\s*)((?:%[\w#:, %]+ = )?(?:stablehlo|sdy|func)\.[\w.]+.*?)(\s*)$")
 _TRAILING_LOC = re.compile(r"\s+loc\((?:#loc\d*|\"[^\"]*\")\)\s*$")

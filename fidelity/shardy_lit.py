@@ -29,6 +29,7 @@ from fidelity.named_computations import (
     named_computations_as_calls,
     unmanual_computations_as_named,
 )
+from fidelity.shardy_values import edge_shardings, expectations, instruction_id, per_value_text, sharding_text
 from fidelity.written_edges import take_written_edges, written_edge_owners
 from fidelity.written_reshards import reshards_as_constraints
 from planner.hlo.text.jaxlib_api import jaxlib_version
@@ -36,9 +37,8 @@ from planner.hlo.text.parser import parse_hlo
 from planner.hlo.text.shardy_import import module_meshes
 from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.pipeline import apply_sharding_constraints, run_export, run_import
-from planner.propagation.shardy.program import build_program, instruction_id
+from planner.propagation.shardy.program import build_program
 from planner.propagation.shardy.schedule import propagate
-from planner.propagation.shardy.state_text import edge_shardings, expectations, per_value_text, sharding_text
 from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_mesh, parse_sharding, to_hlo_sharding
 
 _LOC = re.compile(r"l(\d+)c(\d+)")

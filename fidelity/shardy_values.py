@@ -1,4 +1,5 @@
-"""Shardy's shardings after propagation, printed as Shardy prints them, keyed like its lit tests.
+"""Shardy's shardings after propagation, printed as Shardy prints them, keyed like its lit tests (the lit
+runner's view of the engine's program).
 
 `@arg:N` is the function's argument N, `@result:N` its result N (`#sdy.sharding<...>`); an op is keyed
 by its location (the `op_name` its instruction keeps) and prints `#sdy.sharding_per_value<[...]>` over
@@ -9,6 +10,7 @@ before that they belong to the edges.
 
 from __future__ import annotations
 
+from planner.hlo.ir.module import Instruction
 from planner.propagation.shardy.program import BARRIER, EDGE, RULE, Program, Value
 from planner.sharding.shardy import DimSharding, TensorSharding
 
@@ -97,3 +99,9 @@ def edge_shardings(program: Program) -> dict[str, list[TensorSharding | None]]:
         if op.kind == EDGE:
             out.setdefault(op.loc, []).append(op.results[0].sharding)
     return out
+
+
+def instruction_id(inst: Instruction) -> int:
+    """An instruction's id (`add.12` -> 12): jaxlib 0.7.1's converter numbers the ops in MLIR order."""
+    tail = inst.name.rsplit(".", 1)[-1]
+    return int(tail) if tail.isdigit() else -1

@@ -2,9 +2,11 @@
 training steps lean on.
 
 The reference rules come from `op_sharding_rule_registry*.mlir` at openxla/shardy@5b3b2894 (jaxlib 0.7.1's
-Shardy), one expected `#sdy.op_sharding_rule<...>` per op location. Each case's StableHLO module is converted
-to HLO by jaxlib, as JAX hands it to XLA, and every HLO instruction keeps its op's location as
-`metadata={op_name="l541c8"}`.
+Shardy), one expected `#sdy.op_sharding_rule<...>` per op location, and are asked of that release
+(`ShardyRelease.JAXLIB_0_7`); jaxlib 0.12's are in `test_shardy_rules_jax012.py`, and the rules that differ
+between the two in `test_shardy_rule_releases.py`. Each case's StableHLO module is converted to HLO by
+the installed jaxlib, as JAX hands it to XLA, so the cases run where jaxlib 0.7 is installed, and every HLO
+instruction keeps its op's location as `metadata={op_name="l541c8"}`.
 
 Which instruction is the op. jaxlib may write one StableHLO op as several HLO instructions under its
 location: a multi-operand collective packs its operands into a tuple and unpacks them again (all_gather:
@@ -18,7 +20,8 @@ of the op's own operand tuple stands for that tuple's element, and a broadcast u
 the value it broadcasts (the clamp's scalar bounds), so the rule sees the StableHLO op's operands.
 
 Five expected rules have no HLO instruction that is their op; each is an xfail (strict) that says why, and
-the table below checks the rule on the op as StableHLO writes it where HLO can carry it.
+the table below checks the rule on the op as StableHLO writes it where HLO can carry it. The table's rules
+are the same in every release the registry knows, and each row is asked of each.
 """
 
 from __future__ import annotations
@@ -37,10 +40,18 @@ from planner.hlo.ir.shapes import ArrayShape
 from planner.hlo.text.stablehlo_text import read_stablehlo
 from planner.propagation.shardy.registry import no_rule_reason, sharding_rule
 from planner.propagation.shardy.registry_rule_text import parse_rule
+from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import OpShardingRule
 from planner.sharding.shardy import ShardyTextError
 
 CASES = SHARED / "shardy_cases" / "shardy_propagation_cases.json"
+RELEASE = ShardyRelease.JAXLIB_0_7
+
+# The NOT_IN_HLO reasons are jaxlib 0.7's converter's: another jaxlib writes some of these ops otherwise.
+needs_the_cases_jaxlib = pytest.mark.skipif(
+    ShardyRelease.installed() is not RELEASE,
+    reason="these modules are read through the installed jaxlib's converter, and the cases' xfails are jaxlib 0.7's",
+)
 
 # (case id, op location) -> why no HLO instruction carries the expected rule. `raises` is what the test
 # meets instead: the converter's refusal, or a rule that differs.
@@ -86,11 +97,14 @@ def case_id(case: dict[str, Any]) -> str:
     return f"{file.removesuffix('.mlir').removeprefix('op_sharding_rule_')}/{function}"
 
 
-def expected_rules() -> list[Any]:
+def expected_rules(
+    cases: tuple[dict[str, Any], ...] | None = None,
+    not_in_hlo: dict[tuple[str, str], tuple[str, type[Exception]]] = NOT_IN_HLO,
+) -> list[Any]:
     params = []
-    for case in rule_cases():
+    for case in rule_cases() if cases is None else cases:
         for location, expected in case["rules"].items():
-            known = NOT_IN_HLO.get((case_id(case), location))
+            known = not_in_hlo.get((case_id(case), location))
             marks = [pytest.mark.xfail(reason=known[0], raises=known[1], strict=True)] if known else []
             params.append(pytest.param(case, location, expected, id=f"{case_id(case)}@{location}", marks=marks))
     return params
@@ -137,8 +151,8 @@ def conservative(case: dict[str, Any]) -> bool:
     return "conservative-propagation=true" in case["pipeline"]
 
 
-@pytest.mark.parametrize(("case", "location", "expected"), expected_rules())
-def test_rule_equals_shardys(case: dict[str, Any], location: str, expected: str) -> None:
+def rule_at(case: dict[str, Any], location: str, release: ShardyRelease) -> str | None:
+    """The rule `release`'s registry gives the op at `location` of `case`, as Shardy prints it."""
     module = converted(case["module"])
     comp, inst = op_instruction(module, location)
     rule = sharding_rule(
@@ -147,25 +161,49 @@ def test_rule_equals_shardys(case: dict[str, Any], location: str, expected: str)
         inst.shape.leaves(),
         conservative=conservative(case),
         computation=comp,
+        module=module,
+        release=release,
     )
-    assert text_of(rule) == expected
+    return text_of(rule)
 
 
+def assert_no_rule_anywhere(case: dict[str, Any], release: ShardyRelease) -> None:
+    module = converted(case["module"])
+    ops = [inst for inst in module.entry if inst.opcode not in ("parameter", "tuple", "get-tuple-element")]
+    assert ops
+    for inst in ops:
+        shapes = [module.entry[o].array_shape for o in inst.operands]
+        rule = sharding_rule(
+            inst, shapes, inst.shape.leaves(), computation=module.entry, module=module, release=release
+        )
+        assert rule is None
+
+
+@needs_the_cases_jaxlib
+@pytest.mark.parametrize(("case", "location", "expected"), expected_rules())
+def test_rule_equals_shardys(case: dict[str, Any], location: str, expected: str) -> None:
+    assert rule_at(case, location, RELEASE) == expected
+
+
+@needs_the_cases_jaxlib
 @pytest.mark.parametrize(
     "case", [pytest.param(c, id=case_id(c)) for c in rule_cases() if not c["rules"]]
 )  # fmt: skip
 def test_no_rule_where_shardy_prints_none(case: dict[str, Any]) -> None:
     """A reshape of zero elements and an unknown custom call: Shardy attaches no rule, nor do we."""
-    module = converted(case["module"])
-    ops = [inst for inst in module.entry if inst.opcode not in ("parameter", "tuple", "get-tuple-element")]
-    assert ops
-    for inst in ops:
-        shapes = [module.entry[o].shape for o in inst.operands]
-        assert all(isinstance(s, ArrayShape) for s in shapes)
-        assert sharding_rule(inst, shapes, inst.shape.leaves(), computation=module.entry) is None  # type: ignore[arg-type]
+    assert_no_rule_anywhere(case, RELEASE)
 
 
-@pytest.mark.parametrize("expected", sorted({r for c in rule_cases() for r in c["rules"].values()}))
+def every_rule_text() -> list[str]:
+    """The rules of both releases' cases: jaxlib 0.7.1's and jaxlib 0.12's registry tests."""
+    texts = set()
+    for path in (CASES, SHARED / "shardy_cases_jax012" / "shardy_propagation_cases.json"):
+        for case in json.loads(path.read_text())["cases"]:
+            texts.update(case.get("rules", {}).values())
+    return sorted(texts)
+
+
+@pytest.mark.parametrize("expected", every_rule_text())
 def test_rule_text_reads_back(expected: str) -> None:
     assert parse_rule(expected).to_text() == expected
 
@@ -180,9 +218,10 @@ def test_malformed_rule_text_says_where() -> None:
 # --- The table: ops the training steps use most, and the forms the cases leave out ---------------------------
 #
 # Each row is an entry computation whose instruction `op` is the one ruled on. The expected rules are Shardy's
-# (jaxlib 0.7.1's `sdy-populate-op-sharding-rules`) on the StableHLO XLA's Shardy pass makes of the same HLO:
-# there `Sharding` custom calls are `sdy.sharding_constraint`s, and HLO's `erf` and `topk` are custom calls
-# @mhlo.erf and @mhlo.topk.
+# (`sdy-populate-op-sharding-rules` of jaxlib 0.7.1 and of jaxlib 0.12, alike) on the StableHLO XLA's Shardy
+# pass makes of the same HLO: there `Sharding` custom calls are `sdy.sharding_constraint`s, and HLO's `erf`
+# and `topk` are custom calls @mhlo.erf and @mhlo.topk. The rows whose rule differs between releases are
+# in `test_shardy_rule_releases.py`.
 
 COMPUTATIONS = """
 %add (x: f32[], y: f32[]) -> f32[] {
@@ -240,7 +279,7 @@ TABLE = [
   g = f32[2,16,64] parameter(1)
   ROOT op = f32[32,64] dot(x, g), lhs_contracting_dims={0,1}, rhs_contracting_dims={0,1}""",
      f"{R}<([k, l, i], [k, l, j])->([i, j]) {{i=32, j=64, k=2, l=16}} reduction={{k, l}}>"),
-    # Reshapes around attention heads, and the gcd walk of the registry's docstring.
+    # Reshapes around attention heads.
     ("reshape_split_heads", """
   x = f32[2,16,32] parameter(0)
   ROOT op = f32[2,16,4,8] reshape(x)""",
@@ -253,10 +292,6 @@ TABLE = [
   x = f32[2,16,32] parameter(0)
   ROOT op = f32[32,32] reshape(x)""",
      f"{R}<([i, j, k])->([ij, k]) {{i=2, j=16, k=32}}>"),
-    ("reshape_gcd_worked_example", """
-  x = f32[6,4] parameter(0)
-  ROOT op = f32[4,6] reshape(x)""",
-     f"{R}<([ij, mn])->([ik, ln]) {{i=2, j=3, k=2, l=3, m=2, n=2}}>"),
     # Broadcasts: a bias, a scalar, a transposing one; and two only StableHLO writes (see NOT_IN_HLO).
     ("broadcast_bias", """
   b = f32[32] parameter(0)
@@ -303,13 +338,6 @@ TABLE = [
   z = s32[] constant(0)
   ROOT op = f32[1,32,64] dynamic-slice(w, l, z, z), dynamic_slice_sizes={1,32,64}""",
      f"{R}<([i, j, k], [], [], [])->([i, j, k]) {{i=3, j=32, k=64}} need_replication={{i}} blocked_propagation={{i}}>"),
-    ("dynamic_update_slice_scan_layer_grads", """
-  g = f32[3,32,64] parameter(0)
-  u = f32[1,32,64] parameter(1)
-  l = s32[] parameter(2)
-  z = s32[] constant(0)
-  ROOT op = f32[3,32,64] dynamic-update-slice(g, u, l, z, z)""",
-     f"{R}<([i, k, l], [j, k, l], [], [], [])->([i, k, l]) {{i=3, j=1, k=32, l=64}} need_replication={{j}}>"),
     # Embedding lookup and its gradient; the loss's take_along_axis.
     ("gather_embedding_lookup", """
   e = f32[100,32] parameter(0)
@@ -437,12 +465,6 @@ TABLE = [
   hi = u32[8,2] parameter(1)
   ROOT op = u64[8,2] custom-call(lo, hi), custom_call_target="X64Combine\"""",
      f"{R}<([i, j], [i, j])->([i, j]) {{i=8, j=2}}>"),
-    ("custom_call_x64_combine_seeding_rng_bit_generator", """
-  lo = u32[2] parameter(0)
-  hi = u32[2] parameter(1)
-  op = u64[2] custom-call(lo, hi), custom_call_target="X64Combine"
-  ROOT r = (u64[2], u32[4,8]) rng-bit-generator(op), algorithm=rng_default""",
-     f"{R}<([i], [i])->([i]) {{i=2}} blocked_propagation={{i}}>"),
     ("custom_call_eigh", """
   a = f32[4,8,8] parameter(0)
   ROOT op = (f32[4,8,8], f32[4,8]) custom-call(a), custom_call_target="Eigh\"""",
@@ -495,23 +517,30 @@ CONSERVATIVE_TABLE = [
 ]  # fmt: skip
 
 
-def rule_of_row(body: str, conservative: bool) -> str | None:
-    module = parse_hlo(f"HloModule table\n{COMPUTATIONS}\nENTRY %main {{{body}\n}}\n")
+def rule_of_row(
+    body: str, conservative: bool, release: ShardyRelease = RELEASE, computations: str = COMPUTATIONS
+) -> str | None:
+    """The rule `release`'s registry gives the instruction `op` of an entry computation `body`."""
+    module = parse_hlo(f"HloModule table\n{computations}\nENTRY %main {{{body}\n}}\n")
     comp = module.entry
     inst = comp["op"]
-    shapes = [comp[o].shape for o in inst.operands]
-    assert all(isinstance(s, ArrayShape) for s in shapes)
-    return text_of(sharding_rule(inst, shapes, inst.shape.leaves(), conservative=conservative, computation=comp))  # type: ignore[arg-type]
+    shapes = [comp[o].array_shape for o in inst.operands]
+    rule = sharding_rule(
+        inst, shapes, inst.shape.leaves(), conservative=conservative, computation=comp, module=module, release=release
+    )
+    return text_of(rule)
 
 
+@pytest.mark.parametrize("release", list(ShardyRelease), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize(("body", "expected"), [pytest.param(b, e, id=i) for i, b, e in TABLE])
-def test_table(body: str, expected: str | None) -> None:
-    assert rule_of_row(body, conservative=False) == expected
+def test_table(body: str, expected: str | None, release: ShardyRelease) -> None:
+    assert rule_of_row(body, conservative=False, release=release) == expected
 
 
+@pytest.mark.parametrize("release", list(ShardyRelease), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize(("body", "expected"), [pytest.param(b, e, id=i) for i, b, e in CONSERVATIVE_TABLE])
-def test_conservative_table(body: str, expected: str) -> None:
-    assert rule_of_row(body, conservative=True) == expected
+def test_conservative_table(body: str, expected: str, release: ShardyRelease) -> None:
+    assert rule_of_row(body, conservative=True, release=release) == expected
 
 
 def test_concatenate_without_its_computation_needs_replication() -> None:
@@ -529,8 +558,8 @@ ENTRY e {
     )
     op, comp = module.entry["op"], module.entry
     shapes = [comp["a"].array_shape, comp["b"].array_shape]
-    with_comp = sharding_rule(op, shapes, [op.array_shape], computation=comp)
-    without = sharding_rule(op, shapes, [op.array_shape])
+    with_comp = sharding_rule(op, shapes, [op.array_shape], computation=comp, release=RELEASE)
+    without = sharding_rule(op, shapes, [op.array_shape], release=RELEASE)
     assert text_of(with_comp) == f"{R}<([i, j], [i, j])->([i, j]) {{i=4, j=5}} permutation={{j}}>"
     assert text_of(without) == f"{R}<([i, j], [i, j])->([i, j]) {{i=4, j=5}} need_replication={{j}}>"
 
@@ -549,5 +578,5 @@ ENTRY e {
 )  # fmt: skip
 def test_no_rule_reason(body: str, reason: str | None) -> None:
     inst = parse_hlo(f"HloModule m\n\nENTRY e {{\n  {body}\n}}\n").entry["op"]
-    said = no_rule_reason(inst)
+    said = no_rule_reason(inst, RELEASE)
     assert said == reason if reason is None else reason in (said or "")

@@ -351,6 +351,11 @@ class Plan(BaseModel):
         default="gspmd",
         description="the partitioner the module was written for and simulated with (`gspmd` or `shardy`)",
     )
+    shardy_release: str | None = Field(
+        default=None,
+        description="under Shardy, whose Shardy's rules the simulation followed (the installed jaxlib's, "
+        "else the newest the planner knows); null under GSPMD",
+    )
     loops: list[LoopInfo]
     hbm: HbmInfo
     findings: list[FindingInfo]

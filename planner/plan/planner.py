@@ -28,7 +28,7 @@ from planner.gc_pause import collection_paused
 from planner.hlo.ir.module import HloModule
 from planner.hlo.ir.shapes import ArrayShape
 from planner.hlo.structure.frontend import TORCH_XLA, front_end_of
-from planner.hlo.text.shardy_import import partitioner_of
+from planner.hlo.text.shardy_import import SHARDY, partitioner_of
 from planner.memory import MemoryEstimate, MemoryEstimation, MemoryReport, memory_report, memory_timeline
 from planner.memory.buffers import leaf_shardings, per_device_bytes
 from planner.memory.report import BufferLine
@@ -81,6 +81,7 @@ from planner.plan.verdict import band_for, verdict, verify_command
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
 from planner.progress import note
 from planner.propagation import PropagationResult, ShardingPropagation
+from planner.propagation.shardy.release import ShardyRelease
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.partition_spec import AxisSpec
 from planner.targets import tpu_topology
@@ -277,6 +278,7 @@ def _make_plan(
             num_partitions=module.attr("num_partitions"),
             mesh=mesh.to_text() if mesh is not None else None,
             partitioner=_partitioner_note(module),
+            shardy_release=ShardyRelease.installed().label if partitioner_of(module) == SHARDY else None,
             loops=_loops(before, after),
             hbm=HbmInfo(
                 backend=prepared.target.name,

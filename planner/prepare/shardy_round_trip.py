@@ -16,10 +16,10 @@ what every While carries, and so the loops the partitioner works on:
    shardy/dialect/sdy/transforms/import/constant_or_scalar_splitter.cc): each op that is not itself
    a constant expression gets its own copy, beside the original, of every non-scalar expression
    it reads that is built from constants and iotas through broadcasts, reshapes, slices and
-   elementwise ops, and of every broadcast of a scalar. A RoPE table the body reads twice is two
-   values; a mask the body reads once is one. Shardy's export (`ConstantOrScalarMerger`) folds
-   copies of one broadcast of a scalar back together when their attributes, sharding included,
-   are equal.
+   elementwise ops (not through a sharding constraint), and of every broadcast of a scalar. A
+   RoPE table the body reads twice is two values; a mask the body reads once is one. Shardy's
+   export (`ConstantOrScalarMerger`) folds copies of one broadcast of a scalar back together when
+   their attributes, sharding included, are equal.
 3. The exporter re-adds the captures as elements (`ExportXlaOp(WhileOp)`,
    xla/hlo/translate/mhlo_to_hlo/mlir_hlo_to_hlo.cc): `getUsedValuesDefinedAbove` over the
    condition, then the body, each walked in post-order (a nested loop's regions before its own
@@ -47,8 +47,8 @@ from typing import ClassVar
 from planner.errors import UnsupportedHlo
 from planner.hlo.ir.frontend_attributes import FrontendAttributes
 from planner.hlo.ir.module import Computation, HloModule, Instruction
-from planner.hlo.ir.opcodes import ELEMENTWISE
 from planner.hlo.ir.shapes import ArrayShape, Shape, TupleShape
+from planner.hlo.ir.shardy_op_kinds import CONSTANT_PRESERVING
 from planner.prepare.dead_code import remove_dead_code
 from planner.prepare.edit import (
     ComputationEdit,
@@ -60,14 +60,11 @@ from planner.prepare.edit import (
 )
 from planner.prepare.rewrite import Rewrite
 
-# Shardy's constant-preserving ops (`isConstantPreserving`), by HLO opcode; a sharding annotation
-# imports as `sdy.sharding_constraint`, which Shardy counts as elementwise.
-_PRESERVING = ELEMENTWISE - {"stochastic-convert"} | {"broadcast", "reshape", "slice"}
-_ANNOTATIONS = frozenset({"Sharding", "xla.sdy.ShardingConstraint"})
 # StableHLO's prepare-for-export rewrites a splat constant of this many elements or more as a
 # broadcast of a scalar (`prepareConstantOp`).
 _SPLAT_MIN_ELEMENTS = 32
 _LITERAL_TOKEN = re.compile(r"-?(?:inf|nan|true|false|[0-9.]+(?:e[-+]?[0-9]+)?)", re.IGNORECASE)
+_GLOBAL_TO_LOCAL = "xla.sdy.GlobalToLocalShape"
 _RETURN = ""  # the holder of a computation's result when its root is not a tuple
 
 
@@ -316,9 +313,14 @@ class _Analysis:
         """(kind, instruction, reads) of each op in import order: `while` (reads: the elements it
         keeps), `op`, then `return`."""
         computation = self.module.computation(comp)
+        held: dict[str, list[tuple[str, str, list[_Use]]]] = {}
         for inst in self._post_order(computation):
             if inst.opcode in ("parameter", "get-tuple-element", "tuple"):
                 continue
+            if (shard_map := _shard_map_of(computation, inst)) is not None:
+                held.setdefault(shard_map, []).append(("op", inst.name, self._reads(comp, inst)))
+                continue
+            yield from held.pop(inst.name, ())
             if inst.opcode == "reshape" and _same_type(inst.shape, computation[inst.operands[0]].shape):
                 continue
             if inst.opcode == "while":
@@ -410,7 +412,12 @@ class _Analysis:
     def _preserving(self, comp: str, inst: Instruction) -> bool:
         if inst.opcode == "bitcast-convert":
             return inst.array_shape.element_bits == self.inst(comp, inst.operands[0]).shape.leaves()[0].element_bits
-        return inst.opcode in _PRESERVING or inst.attr("custom_call_target") in _ANNOTATIONS
+        # A sharding annotation is not constant-preserving: it imports as `sdy.sharding_constraint`, which
+        # `isElementwise` counts as elementwise but which is not `Pure` (ops.td gives it no memory-effect
+        # trait), so the splitter's `isPure` check refuses it. A constraint on a constant is one value
+        # however many ops read it (Gemma 2's splash-attention masks: three captured in XLA:TPU's forward
+        # scan, not one copy per reader).
+        return inst.opcode in CONSTANT_PRESERVING
 
     def is_expansion(self, value: _Val) -> bool:
         """`isScalarExpansion`: a broadcast of a scalar that is not a constant expression."""
@@ -695,6 +702,24 @@ class _Rebuild:
         if index is not None:
             return self.capture_gte[(comp, index)]
         return self.constants.get((comp, value.original))
+
+
+def _shard_map_of(comp: Computation, inst: Instruction) -> str | None:
+    """The shard_map whose in-sharding `inst` holds, if it is one: libtpu 0.0.52 writes each operand's
+    in-sharding as a side-effecting `Sharding` call read only by the shard_map's GlobalToLocalShape
+    (`planner.propagation.shardy.manual_hlo`). The import builds `sdy.manual_computation` in place of
+    the shard_map's body call (`ManualComputationPattern`, shard_map_import.cc) with the in-shardings
+    as its own attribute, so the operand is read where the manual computation stands, not where the
+    call holding its sharding was printed: the exporter captures a pass-through operand there
+    (a Llama step's splash-attention masks after the layer's weights, as XLA:TPU's capture order)."""
+    if inst.opcode != "custom-call" or inst.attr("custom_call_target") != "Sharding":
+        return None
+    if not inst.attr("custom_call_has_side_effect"):
+        return None
+    users = comp.users(inst.name)
+    if len(users) != 1 or comp[users[0]].attr("custom_call_target") != _GLOBAL_TO_LOCAL:
+        return None
+    return users[0]
 
 
 def _control_predecessors(inst: Instruction) -> list[str]:

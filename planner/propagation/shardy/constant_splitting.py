@@ -9,11 +9,8 @@ where the worklist meets it; the export merges clones that end up alike.
 
 from __future__ import annotations
 
-from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.ir.shardy_op_kinds import CONSTANT_PRESERVING
 from planner.propagation.shardy.program import EDGE, RULE, Op, Program, Value
-
-_ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
-_SHAPE_OPS = frozenset({"broadcast", "reshape", "slice"})
 
 
 def _opcode(op: Op) -> str:
@@ -27,7 +24,7 @@ def split_constants(program: Program) -> None:
     for op in program.ops:
         opcode = _opcode(op)
         if opcode in ("constant", "iota") or (
-            (opcode in _SHAPE_OPS or opcode in _ELEMENTWISE)
+            opcode in CONSTANT_PRESERVING
             and op.operands
             and all(v.defining is not None and id(v.defining) in constant_ops for v in op.operands)
         ):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.ir.shardy_op_kinds import SHARDY_ELEMENTWISE
 from planner.propagation.shardy.factor_propagation import Direction, Update, propagate_aggressive, propagate_basic
 from planner.propagation.shardy.program import (
     BARRIER,
@@ -33,8 +33,6 @@ from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding
 Strategy = Callable[..., Update]
 DirectionFn = Callable[[Op, int], Direction]
 
-_ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
-
 
 def is_elementwise(op: Op) -> bool:
     """Element-wise for the op-priority schedule and the aggressive tie-break (`isElementwise`)."""
@@ -47,10 +45,10 @@ def is_elementwise(op: Op) -> bool:
         return inst.attr("custom_call_target") == SHARDING_CONSTRAINT
     if inst.opcode == "bitcast-convert":
         return op.operands[0].dims == op.results[0].dims
-    return inst.opcode in _ELEMENTWISE
+    return inst.opcode in SHARDY_ELEMENTWISE
 
 
-def rule_of(op: Op, conservative: bool) -> OpShardingRule | None:
+def rule_of(op: Op, conservative: bool, program: Program) -> OpShardingRule | None:
     if op.rule_known:
         return op.rule
     op.rule_known = True
@@ -67,7 +65,13 @@ def rule_of(op: Op, conservative: bool) -> OpShardingRule | None:
     operand_shapes = [v.array or ArrayShape("f32", v.dims or ()) for v in op.operands]
     result_shapes = [v.array or ArrayShape("f32", v.dims or ()) for v in op.results]
     op.rule = sharding_rule(
-        op.inst, operand_shapes, result_shapes, conservative=conservative, computation=op.computation
+        op.inst,
+        operand_shapes,
+        result_shapes,
+        conservative=conservative,
+        computation=op.computation,
+        release=program.release,
+        module=program.module,
     )
     return op.rule
 
@@ -164,7 +168,7 @@ class Propagation:
     # --- one op ------------------------------------------------------------------------------
 
     def propagate_op(self, op: Op) -> bool:
-        rule = rule_of(op, self.conservative)
+        rule = rule_of(op, self.conservative, self.program)
         if rule is None:
             return False
         operands, results = op.operands, op.results

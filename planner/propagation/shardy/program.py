@@ -38,6 +38,8 @@ from planner.hlo.text.shardy_import import (
 )
 from planner.propagation.shardy.factor_propagation import Direction
 from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
+from planner.propagation.shardy.manual_hlo import in_shardings_of, manual_axes_of, out_shardings_of
+from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import OpShardingRule
 from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_sharding
 
@@ -173,6 +175,10 @@ class ManualComputation:
 @dataclass
 class Program:
     meshes: dict[str, SdyMesh]
+    # The Shardy whose rules the ops follow (the jaxlib that compiles the module carries it).
+    release: ShardyRelease = field(default_factory=ShardyRelease.installed)
+    # The module the program was built from: a rule may read another of its computations (a scatter's update).
+    module: HloModule | None = None
     values: list[Value] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
     args: list[Value] = field(default_factory=list)
@@ -292,12 +298,6 @@ def _pass_through_elements(body: Computation) -> list[int]:
 
 
 OrderKey = Callable[[Instruction], int]
-
-
-def instruction_id(inst: Instruction) -> int:
-    """An instruction's id (`add.12` -> 12): jaxlib 0.7.1's converter numbers the ops in MLIR order."""
-    tail = inst.name.rsplit(".", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
 
 
 class _Builder:
@@ -584,6 +584,11 @@ class _Builder:
         manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
         text = attrs.get("xla.sdy.in_shardings") if attrs else None
         in_shardings = list(parse_sharding(text)) if text else []
+        if not text and inst.sharding is not None:
+            # libtpu 0.0.52's dumps: the shardings written natively, no attributes (`manual_hlo`).
+            assert self.current is not None
+            manual_axes = manual_axes_of(inst)
+            in_shardings = in_shardings_of(inst, [self.current[name] for name in inst.operands])
         outer = [leaf.value for t in operands for leaf in _leaves(t)]
         arguments = self.fresh(inst, inst.shape)
         arg_values = [leaf.value for leaf in _leaves(arguments)]
@@ -612,6 +617,14 @@ class _Builder:
             )
         return arguments
 
+    def _body_call(self, inst: Instruction) -> Instruction:
+        """The shard_map body's call whose results `inst` (a LocalToGlobalShape) returns."""
+        assert self.current is not None
+        source = self.current[inst.operands[0]]
+        while source.opcode == "get-tuple-element":
+            source = self.current[source.operands[0]]
+        return source
+
     def _returns_inputless_body(self, inst: Instruction) -> bool:
         """Whether `inst` (a LocalToGlobalShape) returns the results of a shard_map body called with no operands."""
         comp = self.current
@@ -631,6 +644,8 @@ class _Builder:
             # A shard_map with no operands: JAX writes its body's call with no GlobalToLocalShape before it,
             # and the manual axes on this end alone.
             manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
+            if not manual_axes and attrs is None and self.current is not None:
+                manual_axes = manual_axes_of(self._body_call(inst))
             manual = ManualComputation(_op_name(inst), manual_axes, [])
             self.p.manual.append(manual)
         elif not self.manual_stack:
@@ -639,6 +654,8 @@ class _Builder:
             manual = self.manual_stack.pop()
         text = attrs.get("xla.sdy.out_shardings") if attrs else None
         manual.out_shardings = list(parse_sharding(text)) if text else []
+        if not text and inst.sharding is not None:
+            manual.out_shardings = out_shardings_of(inst)
         returned = [leaf.value for t in operands for leaf in _leaves(t)]
         results = self.fresh(inst, inst.shape)
         result_values = [leaf.value for leaf in _leaves(results)]
@@ -698,16 +715,18 @@ def build_program(
     order_key: OrderKey | None = None,
     keep_dead: bool = False,
     dedup_functions: bool = False,
+    release: ShardyRelease | None = None,
 ) -> Program:
     """The Shardy view of `module`'s entry computation, calls and loops included.
 
     `order_key`: order each computation's ops by it (kept topological), for a module converted from MLIR
-    whose instructions still say the MLIR module's own order (`instruction_id`). `keep_dead`: Shardy runs
+    whose instruction ids still say the MLIR module's own order. `keep_dead`: Shardy runs
     without its import, whose canonicalizer would erase dead ops (see `_live`). `dedup_functions`: every
     call of a function shares its one body (`SharedCallee`), as `sdy-propagation-pipeline{dedup-functions-
     fully=true}` keeps the call graph; otherwise each call has a body of its own (`sdy-flatten-call-graph`).
+    `release`: whose Shardy's rules the ops follow (default: the installed jaxlib's, else the newest).
     """
-    program = Program(meshes)
+    program = Program(meshes, release or ShardyRelease.installed(), module)
     builder = _Builder(module, program, order_key, keep_dead)
     if dedup_functions:
         builder.shared = {}

@@ -14,6 +14,10 @@ lhs 0, rhs 0, result 0), then lhs's free dim (j=8, result 1), rhs's (k=16, resul
 contracting pair, a reduction no result holds (l=32):
 `#sdy.op_sharding_rule<([i, j, l], [i, l, k])->([i, j, k]) {i=4, j=8, k=16, l=32} reduction={l}>`.
 
+Shardy's registry changes between releases, and JAX users meet the one inside their jaxlib: each call
+names the release it asks (`release.ShardyRelease`, the installed jaxlib's by default), and the entries
+whose rule changed read how from the release's traits.
+
 An op with no rule blocks propagation, as in Shardy: constants, iota and parameters (nothing flows in),
 tuples, get-tuple-element, while, conditional, call and optimization barriers (data-flow edges,
 which the driver follows itself), and every opcode and custom call Shardy does not know (`no_rule_reason`
@@ -25,38 +29,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.hlo.ir.frontend_attributes import FrontendAttributes
-from planner.hlo.ir.module import Computation, Instruction
-from planner.hlo.ir.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from planner.hlo.ir.module import Computation, HloModule, Instruction
 from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.ir.shardy_op_kinds import POINTWISE
 from planner.propagation.shardy import registry_custom as custom
 from planner.propagation.shardy import registry_data as data
 from planner.propagation.shardy import registry_reductions as reductions
 from planner.propagation.shardy import registry_shapes as shapes
 from planner.propagation.shardy.registry_common import OpView, RuleFn, pointwise
 from planner.propagation.shardy.registry_rule_text import parse_rule
+from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import OpShardingRule
 from planner.sharding.shardy import ShardyTextError
 
 # The frontend attribute holding a rule an op brings along (Shardy's `sdy.sharding_rule`).
 SHARDING_RULE = "xla.sdy.sharding_rule"
 
-# Collectives that keep their operands' shapes: pointwise in Shardy's registry.
-_SHAPE_KEEPING_COLLECTIVES = frozenset({"all-reduce", "collective-broadcast", "collective-permute"})
-
-# Shardy's pointwise ops, as HLO opcodes: the elementwise ones, less bitcast-convert (a rule of its own) and
-# copy and stochastic-convert (no StableHLO op, so no rule), plus the collectives above. `erf` reaches
-# Shardy as `custom_call @mhlo.erf` (XLA's Shardy pass turns HLO ops StableHLO lacks into such calls),
-# itself pointwise; HLO's `topk` likewise as `@mhlo.topk`.
-POINTWISE = (UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | _SHAPE_KEEPING_COLLECTIVES) - {
-    "bitcast-convert",
-    "copy",
-    "stochastic-convert",
-}
-
 _RULES: dict[str, RuleFn] = {
     **dict.fromkeys(POINTWISE, pointwise),
     "all-gather": reductions.all_gather,
     "all-to-all": reductions.all_to_all,
+    "batch-norm-inference": reductions.batch_norm_inference,
     "bitcast-convert": shapes.bitcast_convert,
     "broadcast": shapes.broadcast,
     "cholesky": data.cholesky,
@@ -104,6 +97,8 @@ def sharding_rule(
     *,
     conservative: bool = False,
     computation: Computation | None = None,
+    module: HloModule | None = None,
+    release: ShardyRelease | None = None,
 ) -> OpShardingRule | None:
     """The rule of `inst`, or None when it has none (Shardy: propagation stops at the op).
 
@@ -111,30 +106,37 @@ def sharding_rule(
     `conservative` is Shardy's `conservativePropagation`: no propagation along a sliced, padded,
     concatenated, windowed or convolved spatial dim. `computation`, the one holding `inst`, lets the two
     rules that look at neighbouring ops see them (concatenate of slices, X64Combine read by a
-    rng-bit-generator); without it they take the answer that propagates less.
+    rng-bit-generator); without it they take the answer that propagates less. `module`, the one holding
+    `inst`, lets a scatter read its update computation. `release` is the Shardy whose rule is asked (that
+    of the jaxlib that compiles the module); None: the installed jaxlib's, or the newest without one.
     """
     attached = _attached_rule(inst)
     if attached is not None:
         return attached
+    release = ShardyRelease.installed() if release is None else release
     rule = _RULES.get(inst.opcode)
-    if rule is None:
+    if rule is None or inst.opcode in release.traits.unknown_opcodes:
         return None
     operands = tuple(s.dims for s in operand_shapes)
     results = tuple(s.dims for s in result_shapes)
     if any(d < 0 for dims in (*operands, *results) for d in dims):
         return None  # an unbounded dynamic dim: Shardy rules are over static sizes
-    return rule(OpView(inst, operands, results, conservative, computation))
+    return rule(OpView(inst, operands, results, conservative, computation, release, module))
 
 
-def no_rule_reason(inst: Instruction) -> str | None:
-    """Why `inst` has no rule, for a message; None when Shardy has an entry for it (which may still find no
-    rule for these shapes: a reshape of zero elements, a tuple all-to-all)."""
+def no_rule_reason(inst: Instruction, release: ShardyRelease | None = None) -> str | None:
+    """Why `inst` has no rule in `release` (None: the installed jaxlib's), for a message; None when Shardy has
+    an entry for it (which may still find no rule for these shapes: a reshape of zero elements, a tuple
+    all-to-all)."""
+    release = ShardyRelease.installed() if release is None else release
     if inst.opcode in _NO_RULE:
         return f"{inst.opcode} has no sharding rule: {_NO_RULE[inst.opcode]}"
     if _attached_rule(inst) is not None:
         return None
     if inst.opcode == "custom-call":
-        return custom.no_rule_reason(inst.attr("custom_call_target"))
+        return custom.no_rule_reason(inst.attr("custom_call_target"), release)
+    if inst.opcode in release.traits.unknown_opcodes:
+        return f"{inst.opcode} is unknown to {release.shardy}'s sharding rule registry"
     if inst.opcode not in _RULES:
         return f"{inst.opcode} is unknown to Shardy's sharding rule registry"
     return None

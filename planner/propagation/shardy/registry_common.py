@@ -2,7 +2,9 @@
 
 Shardy's C++ entries read an MLIR op's typed accessors; ours read an HLO instruction's attributes, so
 the few readers more than one entry needs (a window's pass-through test, a flag XLA keeps as a bare
-word, the ops around this one) live here beside the view they read from.
+word, the ops around this one) live here beside the view they read from. Which Shardy release the rule
+is asked of travels with the view: an entry whose rule changed between releases reads how from
+`op.release.traits`.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.hlo.ir.attributes import Raw, WindowDim
-from planner.hlo.ir.module import Computation, Instruction
+from planner.hlo.ir.attributes import ComputationRefs, Raw, WindowDim
+from planner.hlo.ir.module import Computation, HloModule, Instruction
+from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import OpShardingRule, RuleBuilder
 
 Dims = tuple[int, ...]
+# The release a view asks when none is named: the newest.
+NEWEST = ShardyRelease.newest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +29,8 @@ class OpView:
     `results` are the array leaves of the result (a variadic reduce or a multi-operand sort has
     several). `computation`, when given, holds the instruction: the two entries that look past the
     op itself (concatenate asks whether its operands are slices, X64Combine whether a
-    rng-bit-generator reads it) find the ops around it there.
+    rng-bit-generator reads it) find the ops around it there. `module`, when given, holds the
+    computations the op calls (a scatter's update computation).
     """
 
     inst: Instruction
@@ -32,6 +38,8 @@ class OpView:
     results: tuple[Dims, ...]
     conservative: bool = False
     computation: Computation | None = None
+    release: ShardyRelease = NEWEST
+    module: HloModule | None = None
 
     def builder(self) -> RuleBuilder:
         return RuleBuilder([len(d) for d in self.operands], [len(d) for d in self.results])
@@ -59,6 +67,14 @@ class OpView:
         if self.computation is None or name not in self.computation:
             return None
         return self.computation[name]
+
+    def called(self, key: str) -> Computation | None:
+        """The computation the attribute `key` names (`to_apply=add`), when the module is known."""
+        refs = self.inst.attr(key)
+        if self.module is None or not isinstance(refs, ComputationRefs) or len(refs.names) != 1:
+            return None
+        (name,) = refs.names
+        return self.module.computation(name) if self.module.has_computation(name) else None
 
     def user_opcodes(self) -> tuple[str, ...]:
         if self.computation is None or self.inst.name not in self.computation:

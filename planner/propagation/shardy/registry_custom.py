@@ -10,20 +10,24 @@ from __future__ import annotations
 
 from planner.propagation.shardy.registry_common import OpView, RuleFn, pointwise
 from planner.propagation.shardy.registry_data import top_k
+from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import NULL_DIM, FactorType, OpShardingRule
 
-# Targets Shardy names only to give them no rule.
+# Targets Shardy names only to give them no rule. `xla.debug.Log` is named since jaxlib 0.12; before, it
+# was unknown, which gives no rule too.
 _OPAQUE = frozenset(
     "sdy_testonly tpu_custom_call xla_python_cpu_callback xla_python_gpu_callback xla_ffi_python_cpu_callback "
-    "xla_ffi_python_gpu_callback".split()
+    "xla_ffi_python_gpu_callback xla.debug.Log".split()
 )
 
 # Elementwise targets. `Sharding` is HLO's form of `sdy.sharding_constraint`, which Shardy lists with the
-# pointwise ops.
+# pointwise ops. The `_SPMDInternalOp_` calls (since jaxlib 0.12) only permute data between partitions, so
+# every result keeps the input's sharding.
 _POINTWISE = frozenset(
     "annotate_device_placement Cholesky CompactWyHelper InspectSharding InvertDiagBlocksLowerTriangular "
     "InvertDiagBlocksUpperTriangular LayoutConstraint mhlo.erf MoveToDevice MoveToHost X64SplitHigh X64SplitLow "
-    "xla.megascale.provide_metadata Sharding".split()
+    "xla.megascale.provide_metadata Sharding _SPMDInternalOp_MultiPad _SPMDInternalOp_MultiRotate "
+    "_SPMDInternalOp_MultiSlice _SPMDInternalOp_RotateRight _SPMDInternalOp_Wrap".split()
 )
 
 # Not here on purpose: `SPMDFullToShardShape`/`SPMDShardToFullShape` (and Shardy's exported
@@ -109,10 +113,13 @@ def x64_combine(op: OpView) -> OpShardingRule:
     """Pointwise, but blocked when a rng-bit-generator reads the result.
 
     The generator's initial state must be replicated and no reshard may sit on the combined value, so a
-    sharding of the two halves must not reach it. Without the computation, users are unknown: not blocked.
+    sharding of the two halves must not reach it; jaxlib 0.12's Shardy also marks the (one-dim) factor
+    need-replication. Without the computation, users are unknown: not blocked.
     """
-    used_by_rng = "rng-bit-generator" in op.user_opcodes()
-    return op.builder().add_pointwise(op.results[0], blocked_of=lambda _kind: used_by_rng).build()
+    if "rng-bit-generator" not in op.user_opcodes():
+        return op.builder().add_pointwise(op.results[0]).build()
+    kind = op.release.traits.x64_combine_seeding_rng
+    return op.builder().add_pointwise(op.results[0], lambda _dim: kind, lambda _kind: True).build()
 
 
 _BY_TARGET: dict[str, RuleFn] = {
@@ -129,7 +136,7 @@ _BY_TARGET: dict[str, RuleFn] = {
 
 def custom_call(op: OpView) -> OpShardingRule | None:
     target = op.inst.attr("custom_call_target")
-    if target in _OPAQUE:
+    if target in _OPAQUE or target in op.release.traits.unknown_targets:
         return None
     if target in _POINTWISE:
         return pointwise(op)
@@ -137,7 +144,9 @@ def custom_call(op: OpView) -> OpShardingRule | None:
     return rule(op) if rule is not None else None
 
 
-def no_rule_reason(target: str) -> str | None:
+def no_rule_reason(target: str, release: ShardyRelease) -> str | None:
+    if target in release.traits.unknown_targets:
+        return f"custom call @{target} is unknown to {release.shardy}'s sharding rule registry"
     if target in _OPAQUE:
         return f"custom call @{target} runs opaque code: Shardy gives it no rule"
     if target in _POINTWISE or target in _BY_TARGET:

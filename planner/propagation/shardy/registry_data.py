@@ -8,7 +8,10 @@ order: aggressive propagation breaks ties by factor index.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from planner.hlo.ir.module import Computation
+from planner.hlo.ir.shapes import ArrayShape
 from planner.propagation.shardy.registry_common import Dims, OpView
 from planner.propagation.shardy.rule import NULL_DIM, FactorType, OpShardingRule
 
@@ -16,8 +19,21 @@ from planner.propagation.shardy.rule import NULL_DIM, FactorType, OpShardingRule
 _AddFactor = Callable[[int, int, int, int, FactorType, bool], object]
 
 
+@dataclass(frozen=True, slots=True)
+class _Kinds:
+    """The factor kinds that tell a gather's rule from a scatter's, and one release's from another's."""
+
+    is_scatter: bool
+    # A slices dim taking its input dim in part: the input's factor in a scatter.
+    partial_window_input: FactorType
+    # An implicit batch dim of a scatter (in the indices and updates only).
+    implicit_batch: FactorType
+    # A collapsed input dim of size 1, in a gather.
+    size_one_collapsed: FactorType
+
+
 def _gather_scatter_factors(
-    is_scatter: bool,
+    kinds: _Kinds,
     input_shape: Dims,
     slices_shape: Dims,
     indices_shape: Dims,
@@ -28,17 +44,19 @@ def _gather_scatter_factors(
     indices_batching_dims: Sequence[int],
     add: _AddFactor,
 ) -> None:
-    """The factors of a gather (slices = its result) or a scatter (slices = its updates), in Shardy's order.
+    """The factors of a gather (slices = its result) or a scatter (slices = its updates), in Shardy's order
+    (`addGatherScatterFactors`).
 
     Walking the slices' dims: an offset dim pairs with the next input dim that is neither collapsed nor a
     batching dim. Taken whole it shares one factor with it. Taken in part it cannot: a scatter gives the
-    input dim a pass-through factor and the slices dim a need-replication one; a gather of one element
-    keeps the input dim sharded by reducing the result (each device contributes its own part, zeros
-    elsewhere); a gather of a larger window blocks the dim. Any other slices dim is a batch dim of the
-    indices, shared with the input too when it is an explicit batching dim; in a scatter an implicit one
-    is a reduction (updates from every device land on the same input). Then one factor per collapsed
-    input dim (a reduction for a gather, by the same one-element argument), and one for the indices'
-    index-vector dim, which needs replication.
+    input dim a factor of its own (`kinds.partial_window_input`) and the slices dim a need-replication
+    one; a gather of one element keeps the input dim sharded by reducing the result (each device
+    contributes its own part, zeros elsewhere); a gather of a larger window blocks the dim. Any other
+    slices dim is a batch dim of the indices, shared with the input too when it is an explicit batching
+    dim; in a scatter an implicit one is `kinds.implicit_batch` (a reduction when updates from every
+    device may be combined on the same input). Then one factor per collapsed input dim (for a gather a
+    reduction by the same one-element argument, or `kinds.size_one_collapsed` for a dim of one
+    element), and one for the indices' index-vector dim, which needs replication.
     """
     input_dim = 0
     batch_position = 0
@@ -49,8 +67,8 @@ def _gather_scatter_factors(
             input_size = input_shape[input_dim]
             if input_size == slices_size:
                 add(input_dim, NULL_DIM, slices_dim, input_size, FactorType.PASS_THROUGH, False)
-            elif is_scatter:
-                add(input_dim, NULL_DIM, NULL_DIM, input_size, FactorType.PASS_THROUGH, False)
+            elif kinds.is_scatter:
+                add(input_dim, NULL_DIM, NULL_DIM, input_size, kinds.partial_window_input, False)
                 add(NULL_DIM, NULL_DIM, slices_dim, slices_size, FactorType.NEED_REPLICATION, False)
             elif slices_size == 1:
                 add(input_dim, NULL_DIM, NULL_DIM, input_size, FactorType.REDUCTION, False)
@@ -64,12 +82,16 @@ def _gather_scatter_factors(
             input_batch_dim = (
                 input_batching_dims[list(indices_batching_dims).index(indices_dim)] if explicit else NULL_DIM
             )
-            kind = FactorType.REDUCTION if is_scatter and not explicit else FactorType.PASS_THROUGH
+            kind = kinds.implicit_batch if kinds.is_scatter and not explicit else FactorType.PASS_THROUGH
             add(input_batch_dim, indices_dim, slices_dim, slices_size, kind, False)
             batch_position += 1
     for collapsed in collapsed_dims:
-        kind = FactorType.PASS_THROUGH if is_scatter else FactorType.REDUCTION
-        add(collapsed, NULL_DIM, NULL_DIM, input_shape[collapsed], kind, False)
+        size = input_shape[collapsed]
+        if kinds.is_scatter:
+            kind = FactorType.PASS_THROUGH
+        else:
+            kind = kinds.size_one_collapsed if size == 1 else FactorType.REDUCTION
+        add(collapsed, NULL_DIM, NULL_DIM, size, kind, False)
     if index_vector_dim < len(indices_shape):
         size = indices_shape[index_vector_dim]
         add(NULL_DIM, index_vector_dim, NULL_DIM, size, FactorType.NEED_REPLICATION, False)
@@ -77,9 +99,11 @@ def _gather_scatter_factors(
 
 def gather(op: OpView) -> OpShardingRule:
     operand, indices = op.operands
+    size_one_collapsed = op.release.traits.gather_size_one_collapsed
+    kinds = _Kinds(False, FactorType.PASS_THROUGH, FactorType.PASS_THROUGH, size_one_collapsed)
     builder = op.builder()
     _gather_scatter_factors(
-        False,
+        kinds,
         operand,
         op.results[0],
         indices,
@@ -97,9 +121,13 @@ def scatter(op: OpView) -> OpShardingRule:
     """Operands are the inputs, the indices, then as many updates; each input's dims map to its result's."""
     num_inputs = len(op.results)
     indices = op.operands[num_inputs]
+    traits = op.release.traits
+    reduces = not traits.scatter_checks_reducer or _combines_across_devices(op.called("to_apply"), num_inputs)
+    implicit_batch = FactorType.REDUCTION if reduces else FactorType.NEED_REPLICATION
+    kinds = _Kinds(True, traits.scatter_partial_window_input, implicit_batch, FactorType.PASS_THROUGH)
     builder = op.builder()
     _gather_scatter_factors(
-        True,
+        kinds,
         op.operands[0],
         op.operands[num_inputs + 1],
         indices,
@@ -113,6 +141,38 @@ def scatter(op: OpView) -> OpShardingRule:
         ),
     )
     return builder.build()
+
+
+# Ops whose partial results devices may combine in any order (Shardy's `getCommonSupportedReductionOp`);
+# `and` and `or` only over booleans.
+_REDUCERS = frozenset({"add", "multiply", "maximum", "minimum"})
+_BOOLEAN_REDUCERS = frozenset({"and", "or"})
+
+
+def _combines_across_devices(update: Computation | None, num_inputs: int) -> bool:
+    """Whether a scatter's update computation is one reduction Shardy knows, so updates that land on one
+    input from every device may be summed up (or maxed, ...) after the scatter.
+
+    Each of the `num_inputs` results must be the same associative, commutative binary op over its own
+    current value and update (parameters i and i + num_inputs, either order). An update computation not
+    at hand (no module given) is taken to be one: JAX's scatters (`.at[].add`, embedding gradients) are.
+    """
+    if update is None:
+        return True
+    root = update.root
+    returned = update.operands(root) if root.opcode == "tuple" else (root,)
+    if len(update.parameters) != 2 * num_inputs or len(returned) != num_inputs:
+        return False
+    if len({inst.opcode for inst in returned}) != 1:
+        return False
+    for index, inst in enumerate(returned):
+        boolean = isinstance(inst.shape, ArrayShape) and inst.shape.element_type == "pred"
+        if inst.opcode not in _REDUCERS and not (boolean and inst.opcode in _BOOLEAN_REDUCERS):
+            return False
+        numbers = sorted(-1 if a.parameter_number is None else a.parameter_number for a in update.operands(inst))
+        if numbers != [index, index + num_inputs]:
+            return False
+    return True
 
 
 def sort(op: OpView) -> OpShardingRule:

@@ -1,4 +1,4 @@
-"""Sharding rules of ops that combine elements: dot, convolution, reductions, windows and collectives.
+"""Sharding rules of ops that combine elements: dot, convolution, reductions, windows, batch norm, collectives.
 
 Each entry follows its case in Shardy's `op_sharding_rule_registry.cc`, adding factors in the same
 order: aggressive propagation breaks ties by factor index.
@@ -140,6 +140,18 @@ def select_and_scatter(op: OpView) -> OpShardingRule:
             [NULL_DIM, dim, NULL_DIM], [NULL_DIM], source[dim], FactorType.NEED_REPLICATION, op.conservative
         )
         builder.add_factor([dim, NULL_DIM, NULL_DIM], [dim], out_size, FactorType.PERMUTATION, op.conservative)
+    return builder.build()
+
+
+def batch_norm_inference(op: OpView) -> OpShardingRule:
+    """Each operand dim is shared with the result; the feature dim also with the dim of the four per-feature
+    operands (scale, offset, mean, variance), which normalize it element by element."""
+    feature = int(op.word("feature_index", "0"))
+    num_stats = len(op.operands) - 1
+    builder = op.builder()
+    for dim, size in enumerate(op.operands[0]):
+        stats_dim = 0 if dim == feature else NULL_DIM
+        builder.add_factor([dim, *[stats_dim] * num_stats], [dim], size)
     return builder.build()
 
 

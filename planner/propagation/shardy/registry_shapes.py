@@ -37,16 +37,23 @@ def reshape(op: OpView) -> OpShardingRule | None:
     """Walk both shapes major to minor, splitting their dims into the largest factors they share.
 
     The walk keeps the product of the factors placed so far on each side. While the two products are
-    equal, what is left of the current operand and result dims shares its gcd as one common factor, or,
-    when the gcd is 1, each side takes its rest as a factor of its own. Once the products drift apart,
-    the side behind takes a factor that brings it level if one divides its dim, else one that keeps the
-    next gcd for later. A size-1 dim takes a size-1 factor of its own.
+    equal, what is left of the current operand and result dims shares its gcd as one common factor. When
+    the gcd is 1 the two pieces are swapped, not shared: jaxlib 0.7.1's Shardy gives each side its rest
+    as a factor of its own; jaxlib 0.12's maps one permutation factor, the operand's rest, to both dims
+    and counts the result's rest as placed, so the result dim's factors need not multiply to its size (a
+    sharding carried across the swap moves data between devices). Once the products drift apart, the
+    side behind takes a factor of its own that brings it level if one divides its dim, else one that
+    keeps the next gcd for later; jaxlib 0.12 marks such one-sided factors, and those of size-1 dims,
+    need-replication (`op.release.traits`).
 
-    Worked example, `f32[6,4] -> f32[4,6]`: 6 and 4 share i=2; their rests, 3 and 2, share nothing, so
-    the operand takes j=3 and the result k=2 (6 placed on the left, 4 on the right: both first dims
-    done). The result, behind, takes l=3 of its 6, which leaves the gcd 2 of the rests 4 and 2 intact;
-    the operand, now behind at 6 against 12, takes m=2 to draw level; the last 2 is common (n):
-    `([ij, mn])->([ik, ln]) {i=2, j=3, k=2, l=3, m=2, n=2}`.
+    Worked example, `f32[6,4] -> f32[4,6]` under jaxlib 0.7.1: 6 and 4 share i=2; their rests, 3 and 2,
+    share nothing, so the operand takes j=3 and the result k=2 (6 placed on the left, 4 on the right:
+    both first dims done). The result, behind, takes l=3 of its 6, which leaves the gcd 2 of the rests 4
+    and 2 intact; the operand, now behind at 6 against 12, takes m=2 to draw level; the last 2 is common
+    (n): `([ij, mn])->([ik, ln]) {i=2, j=3, k=2, l=3, m=2, n=2}`. Under jaxlib 0.12 the swapped 3 and 2
+    become one permutation factor j=3 on both first dims, the result's second dim takes k=3 alone, the
+    operand's l=2, and m=2 is common: `([ij, lm])->([ij, km]) {i=2, j=3, k=3, l=2, m=2}
+    need_replication={k, l} permutation={j}`.
 
     A reshape of zero elements has no rule: the walk cannot divide by a 0 dim, and nothing
     propagates through an empty array anyway.
@@ -54,6 +61,7 @@ def reshape(op: OpView) -> OpShardingRule | None:
     (in_shape,), (out_shape,) = op.operands, op.results
     if prod(in_shape) == 0:
         return None
+    traits = op.release.traits
     in_rank, out_rank = len(in_shape), len(out_shape)
     in_dim = out_dim = 0
     # Product of the dims started so far, and of the factors placed so far, on each side.
@@ -62,11 +70,11 @@ def reshape(op: OpView) -> OpShardingRule | None:
     builder = op.builder()
     while in_dim < in_rank or out_dim < out_rank:
         if in_dim < in_rank and in_shape[in_dim] == 1:
-            builder.add_factor([in_dim], [NULL_DIM], 1)
+            builder.add_factor([in_dim], [NULL_DIM], 1, traits.reshape_size_one)
             in_dim += 1
             continue
         if out_dim < out_rank and out_shape[out_dim] == 1:
-            builder.add_factor([NULL_DIM], [out_dim], 1)
+            builder.add_factor([NULL_DIM], [out_dim], 1, traits.reshape_size_one)
             out_dim += 1
             continue
         if in_dim < in_rank and in_dims_product == in_factors_product:
@@ -76,6 +84,7 @@ def reshape(op: OpView) -> OpShardingRule | None:
         next_in = in_dims_product // in_factors_product
         next_out = out_dims_product // out_factors_product
         next_gcd = gcd(next_in, next_out)
+        one_sided = traits.reshape_one_sided
         if in_factors_product == out_factors_product:
             if next_gcd > 1:
                 builder.add_factor([in_dim], [out_dim], next_gcd)
@@ -83,17 +92,20 @@ def reshape(op: OpView) -> OpShardingRule | None:
                 out_factors_product *= next_gcd
             else:
                 assert next_in > 1 and next_out > 1, (in_shape, out_shape)
-                builder.add_factor([in_dim], [NULL_DIM], next_in)
+                if traits.reshape_swapped is None:
+                    builder.add_factor([in_dim], [NULL_DIM], next_in, one_sided)
+                    builder.add_factor([NULL_DIM], [out_dim], next_out, one_sided)
+                else:
+                    builder.add_factor([in_dim], [out_dim], next_in, traits.reshape_swapped)
                 in_factors_product *= next_in
-                builder.add_factor([NULL_DIM], [out_dim], next_out)
                 out_factors_product *= next_out
         elif in_factors_product < out_factors_product:
             next_in = _catch_up(next_in, in_factors_product, out_factors_product, next_gcd)
-            builder.add_factor([in_dim], [NULL_DIM], next_in)
+            builder.add_factor([in_dim], [NULL_DIM], next_in, one_sided)
             in_factors_product *= next_in
         else:
             next_out = _catch_up(next_out, out_factors_product, in_factors_product, next_gcd)
-            builder.add_factor([NULL_DIM], [out_dim], next_out)
+            builder.add_factor([NULL_DIM], [out_dim], next_out, one_sided)
             out_factors_product *= next_out
 
         if in_dim < in_rank and in_dims_product == in_factors_product:
@@ -161,7 +173,8 @@ def concatenate(op: OpView) -> OpShardingRule:
 
     The concatenated dim is a permutation when the pieces are slices, or all come from the same array
     (each sliced or whole: `concat(slice(x), x, slice(x))`), since a permutation of the data rebuilds it;
-    otherwise it needs replication.
+    otherwise it needs replication. jaxlib 0.12's Shardy (shardy@77965a29) asks the same-array pattern for
+    at least one slice: a concatenate of whole copies, `concat(x, x, x)`, needs replication.
     """
     (dim,) = op.attr_dims("dimensions")
     kind = _concat_dim_kind(op)
@@ -178,13 +191,15 @@ def concatenate(op: OpView) -> OpShardingRule:
 
 def _concat_dim_kind(op: OpView) -> FactorType:
     producers = [op.producer(i) for i in range(len(op.operands))]
-    if all(p is not None and p.opcode == "slice" for p in producers):
+    sliced = [p is not None and p.opcode == "slice" for p in producers]
+    if all(sliced):
         return FactorType.PERMUTATION
     before_slice = [
-        p.operands[0] if p is not None and p.opcode == "slice" else name
-        for p, name in zip(producers, op.inst.operands, strict=True)
+        p.operands[0] if p is not None and is_slice else name
+        for p, is_slice, name in zip(producers, sliced, op.inst.operands, strict=True)
     ]
-    if all(name == before_slice[0] for name in before_slice):
+    same_array = all(name == before_slice[0] for name in before_slice)
+    if same_array and (any(sliced) or not op.release.traits.concatenate_same_array_needs_slice):
         return FactorType.PERMUTATION
     return FactorType.NEED_REPLICATION
 
@@ -202,19 +217,21 @@ def dynamic_slice(op: OpView) -> OpShardingRule:
 def dynamic_update_slice(op: OpView) -> OpShardingRule:
     """A dim the update covers whole is shared by operand, update and result.
 
-    For a dim the update covers in part, the partitioner replicates the update and keeps the operand and
-    result sharded (each device updates its own shard with its local offsets): operand and result share a
-    pass-through factor, and the update's dim gets a need-replication factor of its own.
+    For a dim the update covers in part, operand and result share a factor, and the update's dim gets one
+    of its own. jaxlib 0.7.1's Shardy keeps the first pass-through and makes the second need replication:
+    the partitioner replicates the update and each device writes its own shard with its local offsets.
+    jaxlib 0.12's marks both permutations: the dim may stay sharded, at the cost of moving data.
     """
     operand_shape, update_shape = op.operands[0], op.operands[1]
     others = [NULL_DIM] * (len(op.operands) - 2)
+    operand_kind, update_kind = op.release.traits.dynamic_update_slice_window
     builder = op.builder()
     for dim, (operand_size, update_size) in enumerate(zip(operand_shape, update_shape, strict=True)):
         if operand_size == update_size:
             builder.add_factor_same_dim(dim, operand_size)
         else:
-            builder.add_factor([dim, NULL_DIM, *others], [dim], operand_size)
-            builder.add_factor([NULL_DIM, dim, *others], [NULL_DIM], update_size, FactorType.NEED_REPLICATION)
+            builder.add_factor([dim, NULL_DIM, *others], [dim], operand_size, operand_kind)
+            builder.add_factor([NULL_DIM, dim, *others], [NULL_DIM], update_size, update_kind)
     return builder.build()
 
 

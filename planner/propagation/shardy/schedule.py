@@ -116,7 +116,7 @@ def run_op_priority(program: Program, conservative: bool = False) -> None:
     for step in range(len(OP_PRIORITY_SCHEDULE)):
         # Rules are created on first visit; step 2's filter reads them, so make sure they exist.
         for op in program.ops:
-            rule_of(op, conservative)
+            rule_of(op, conservative, program)
         run_strategy(program, "aggressive", _with_priority(step), conservative, f"op-priority step {step}")
 
 
