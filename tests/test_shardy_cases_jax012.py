@@ -107,8 +107,8 @@ def test_values_equal_overall() -> None:
 
 
 def test_every_file_on_the_values_a_compile_can_see() -> None:
-    """Per test file, the values that reach HLO (the cases in NOT_READABLE left out): at least 97% each,
-    99% overall."""
+    """Per test file, the values of the cases whose checked ops reach HLO (NOT_READABLE left out): at least
+    97% each, 99% overall (as measured: 1,003 of 1,004)."""
     results = [_result(c["name"]) for c in _cases() if c["name"] not in NOT_READABLE]
     scores = score(results)
     low = {file: f"{m}/{e}" for file, (m, e) in scores.items() if m < 0.97 * e}
