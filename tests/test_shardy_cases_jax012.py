@@ -11,12 +11,11 @@ is not there yet (NOT_YET); one that starts passing fails the suite, so the tabl
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 from conftest import SHARED
+from lit_suite import LitSuite
 
-from fidelity.shardy_lit import CaseResult, load_cases, run_case, score
+from fidelity.shardy_lit import score
 
 jax = pytest.importorskip("jax")
 if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12):
@@ -65,42 +64,25 @@ NOT_YET = {
 }
 
 
-@cache
-def _cases() -> list[dict]:  # type: ignore[type-arg]
-    return load_cases(CASES_FILE)
+SUITE = LitSuite(CASES_FILE)
 
 
-@cache
-def _result(name: str) -> CaseResult:
-    return run_case(next(c for c in _cases() if c["name"] == name))
-
-
-def _params() -> list[object]:
-    params = []
-    for case in _cases():
-        name = case["name"]
-        reason = NOT_READABLE.get(name) or NOT_YET.get(name)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        params.append(pytest.param(name, marks=marks, id=name.replace(".mlir::", "/")))
-    return params
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", SUITE.params(NOT_READABLE, NOT_YET))
 def test_every_value_equals_shardys(name: str) -> None:
-    result = _result(name)
+    result = SUITE.result(name)
     assert result.error is None, result.error
     wrong = {k: (result.expected[k], result.got.get(k)) for k in result.missed}
     assert not wrong, wrong
 
 
 def test_the_reasons_name_real_cases() -> None:
-    names = {c["name"] for c in _cases()}
+    names = {c["name"] for c in SUITE.cases()}
     assert set(NOT_READABLE) | set(NOT_YET) <= names
 
 
 def test_values_equal_overall() -> None:
     """The share of all expected values our engine gives exactly, as measured (1,034 of 1,051)."""
-    results = [_result(c["name"]) for c in _cases()]
+    results = SUITE.results()
     matched, expected = score(results)["*"]
     assert expected == 1051
     assert matched >= 1034, f"{matched} of {expected}"
@@ -109,7 +91,7 @@ def test_values_equal_overall() -> None:
 def test_every_file_on_the_values_a_compile_can_see() -> None:
     """Per test file, the values of the cases whose checked ops reach HLO (NOT_READABLE left out): at least
     97% each, 99% overall (as measured: 1,003 of 1,004)."""
-    results = [_result(c["name"]) for c in _cases() if c["name"] not in NOT_READABLE]
+    results = [r for r in SUITE.results() if r.name not in NOT_READABLE]
     scores = score(results)
     low = {file: f"{m}/{e}" for file, (m, e) in scores.items() if m < 0.97 * e}
     assert not low, low

@@ -13,12 +13,11 @@ is returned so that it reaches HLO (`fidelity.dangling_constraints`).
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 from conftest import SHARED
+from lit_suite import LitSuite
 
-from fidelity.shardy_lit import CaseResult, load_cases, run_case, score
+from fidelity.shardy_lit import score
 
 CASES_FILE = SHARED / "shardy_cases" / "shardy_propagation_cases.json"
 
@@ -37,42 +36,25 @@ NOT_READABLE = {
 }
 
 
-@cache
-def _cases() -> list[dict]:  # type: ignore[type-arg]
-    return load_cases(CASES_FILE)
+SUITE = LitSuite(CASES_FILE)
 
 
-@cache
-def _result(name: str) -> CaseResult:
-    return run_case(next(c for c in _cases() if c["name"] == name))
-
-
-def _params() -> list[object]:
-    params = []
-    for case in _cases():
-        name = case["name"]
-        reason = NOT_READABLE.get(name)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        params.append(pytest.param(name, marks=marks, id=name.replace(".mlir::", "/")))
-    return params
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", SUITE.params(NOT_READABLE))
 def test_every_value_equals_shardys(name: str) -> None:
-    result = _result(name)
+    result = SUITE.result(name)
     assert result.error is None, result.error
     wrong = {k: (result.expected[k], result.got.get(k)) for k in result.missed}
     assert not wrong, wrong
 
 
 def test_the_reasons_name_real_cases() -> None:
-    names = {c["name"] for c in _cases()}
+    names = {c["name"] for c in SUITE.cases()}
     assert set(NOT_READABLE) <= names
 
 
 def test_values_equal_overall() -> None:
     """The share of all expected values our engine gives exactly, as measured (878 of 883)."""
-    results = [_result(c["name"]) for c in _cases()]
+    results = SUITE.results()
     matched, expected = score(results)["*"]
     assert expected == 883
     assert matched >= 878, f"{matched} of {expected}"
