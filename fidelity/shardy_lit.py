@@ -36,7 +36,8 @@ from planner.hlo.text.jaxlib_api import jaxlib_version
 from planner.hlo.text.parser import parse_hlo
 from planner.hlo.text.shardy_import import module_meshes
 from planner.hlo.text.stablehlo_text import read_stablehlo
-from planner.propagation.shardy.pipeline import apply_sharding_constraints, run_export, run_import
+from planner.propagation.shardy.apply_sharding_constraints import apply_sharding_constraints
+from planner.propagation.shardy.pipeline import run_export, run_import
 from planner.propagation.shardy.program import build_program
 from planner.propagation.shardy.schedule import propagate
 from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_mesh, parse_sharding, to_hlo_sharding

@@ -21,6 +21,7 @@ Uses are kept in program order; Shardy's notifications walk MLIR use lists, newe
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,9 +44,18 @@ from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import OpShardingRule
 from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_sharding
 
-# An op with a registry rule, a data-flow edge, a propagation barrier, and a sharding constraint the
-# import adds (one the module writes is a `Sharding` custom call, a RULE op).
-RULE, EDGE, BARRIER, CONSTRAINT = "rule", "edge", "barrier", "constraint"
+
+class OpKind(enum.Enum):
+    """What an op is to the driver: Shardy asks an op through its traits (`ShardableDataFlowOpInterface`,
+    `PropagationBarrierOp`, `ShardingConstraintOp`) rather than by its name."""
+
+    RULE = "rule"  # propagates by its registry rule (or blocks, with none)
+    EDGE = "edge"  # a data-flow edge: its owner exchanges shardings with its sources as an identity
+    BARRIER = "barrier"  # `sdy.propagation_barrier`: an identity that lets shardings through one way
+    CONSTRAINT = "constraint"  # a sharding constraint the import adds (a written one is a RULE op)
+
+
+RULE, EDGE, BARRIER, CONSTRAINT = OpKind.RULE, OpKind.EDGE, OpKind.BARRIER, OpKind.CONSTRAINT
 # Custom calls that JAX's Shardy round trip writes and the import turns back into Shardy constructs.
 SHARDING_CONSTRAINT = "Sharding"
 FUNC_RESULT = "xla.sdy.FuncResultSharding"
@@ -102,7 +112,7 @@ class Origin:
 
 @dataclass(eq=False)
 class Op:
-    kind: str
+    kind: OpKind
     name: str
     loc: str
     operands: list[Value]
@@ -199,6 +209,23 @@ class Program:
     named_written: dict[str, tuple[tuple[TensorSharding | None, ...], tuple[TensorSharding | None, ...]]] = field(
         default_factory=dict
     )
+
+    def mesh_of(self, sharding: TensorSharding) -> SdyMesh:
+        """The mesh `sharding` names (or writes inline)."""
+        return sharding.mesh if isinstance(sharding.mesh, SdyMesh) else self.meshes[sharding.mesh]
+
+    def map_shardings(self, fn: Callable[[TensorSharding], TensorSharding]) -> None:
+        """`fn` applied to every sharding the program holds: its values', its results' and its manual
+        computations' in- and out-shardings (a pass over the whole module, as `transformShardings`)."""
+        for value in self.values:
+            if value.sharding is not None:
+                value.sharding = fn(value.sharding)
+        for result in self.results:
+            if result.sharding is not None:
+                result.sharding = fn(result.sharding)
+        for manual in self.manual:
+            manual.in_shardings = [fn(s) for s in manual.in_shardings]
+            manual.out_shardings = [fn(s) for s in manual.out_shardings]
 
     def new_value(self, name: str, shape: Shape, instruction: str | None = None) -> Value:
         array = shape if isinstance(shape, ArrayShape) else None
