@@ -91,6 +91,25 @@ def test_malformed_sharding_is_located_inside_the_string() -> None:
     assert line[e.value.column - 1 :].startswith('\\"x\\"')
 
 
+@pytest.mark.parametrize(
+    "attribute,message,at",
+    [
+        ('xla.sdy.manual_axes="#sdy<manual_axes{\\"a\\" \\"b\\"}>"', "or '}' in the manual axes", '\\"b'),
+        ('xla.sdy.manual_axes="#sdy<manual{\\"a\\"}>"', "to open the manual axes", "#sdy<manual{"),
+        ('xla.sdy.in_shardings="#sdy.sharding_per_value<[<@mesh, [{\\"a\\"]>]>"', "in a dim sharding", "]>]"),
+    ],
+    ids=["manual_axes_without_comma", "manual_axes_misspelt", "in_shardings_unclosed_dim"],
+)
+def test_malformed_shard_map_attribute_is_located(attribute: str, message: str, at: str) -> None:
+    """A shard_map's Shardy attributes are read with the module: a bad one is an error at its place."""
+    line = f'  ROOT g = f32[4] custom-call(p), custom_call_target="xla.sdy.GlobalToLocalShape", frontend_attributes={{{attribute}}}'
+    text = f"HloModule m\n\nENTRY e {{\n  p = f32[4] parameter(0)\n{line}\n}}\n"
+    with pytest.raises(HloParseError) as e:
+        parse_hlo(text)
+    assert message in e.value.message
+    assert (e.value.line, e.value.column) == (5, line.index(at) + 1)
+
+
 # --- GSPMD equivalents -----------------------------------------------------------------------
 
 FSDP_TP = {"mesh": SdyMesh((("fsdp", 4), ("tp", 2)))}

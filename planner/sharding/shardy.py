@@ -353,6 +353,17 @@ def parse_sharding(text: str) -> tuple[TensorSharding, ...]:
     return tuple(shardings)
 
 
+def parse_manual_axes(text: str) -> tuple[str, ...]:
+    """`#sdy<manual_axes{"b", "c"}>` (`xla.sdy.manual_axes`) -> ("b", "c")."""
+    r = ShardyReader(text)
+    r.expect("#sdy<manual_axes", "to open the manual axes")
+    r.expect("{", "to open the manual axes' list")
+    names = r.comma_list("}", lambda: r.match(_QUOTED, "a quoted axis name").group(1), "the manual axes")
+    r.expect(">", "to close the manual axes")
+    r.end()
+    return tuple(names)
+
+
 def parse_group_id(text: str) -> int:
     """`0 : i64` (`xla.sdy.sharding_group_id`)."""
     r = ShardyReader(text)

@@ -18,6 +18,7 @@ from planner.sharding.shardy import (
     ShardyTextError,
     TensorSharding,
     parse_group_id,
+    parse_manual_axes,
     parse_meshes,
     parse_sharding,
 )
@@ -25,6 +26,20 @@ from planner.sharding.shardy import (
 MESHES = "xla.sdy.meshes"
 SHARDING = "xla.sdy.sharding"
 GROUP_ID = "xla.sdy.sharding_group_id"
+# A shard_map's, on its round-trip custom calls (`GlobalToLocalShape`, `LocalToGlobalShape`).
+IN_SHARDINGS = "xla.sdy.in_shardings"
+OUT_SHARDINGS = "xla.sdy.out_shardings"
+MANUAL_AXES = "xla.sdy.manual_axes"
+
+# How each typed value is read.
+_READERS = {
+    MESHES: parse_meshes,
+    SHARDING: parse_sharding,
+    GROUP_ID: parse_group_id,
+    IN_SHARDINGS: parse_sharding,
+    OUT_SHARDINGS: parse_sharding,
+    MANUAL_AXES: parse_manual_axes,
+}
 
 _KEY = re.compile(r"[A-Za-z_][\w.\-]*")
 
@@ -37,6 +52,9 @@ class FrontendAttributes:
     sdy_meshes: dict[str, SdyMesh] | None = field(default=None, compare=False)
     sdy_sharding: tuple[TensorSharding, ...] | None = field(default=None, compare=False)
     sdy_group: int | None = field(default=None, compare=False)
+    sdy_in_shardings: tuple[TensorSharding, ...] | None = field(default=None, compare=False)
+    sdy_out_shardings: tuple[TensorSharding, ...] | None = field(default=None, compare=False)
+    sdy_manual_axes: tuple[str, ...] | None = field(default=None, compare=False)
 
     def get(self, key: str, default: str | None = None) -> str | None:
         for k, v in self.items:
@@ -70,7 +88,7 @@ def read_frontend_attributes(cursor: Cursor) -> FrontendAttributes:
             else:
                 cursor.fail(f"expected a quoted string or {{...}} as the value of '{key}', found "
                             f"{cursor.describe_next()}")  # fmt: skip
-            if key in (MESHES, SHARDING, GROUP_ID):
+            if key in _READERS:
                 typed[key] = _read_sdy(cursor, key, value, start, offsets)
             items.append((key, value))
             if cursor.try_literal("}"):
@@ -81,16 +99,15 @@ def read_frontend_attributes(cursor: Cursor) -> FrontendAttributes:
         typed.get(MESHES),  # type: ignore[arg-type]
         typed.get(SHARDING),  # type: ignore[arg-type]
         typed.get(GROUP_ID),  # type: ignore[arg-type]
+        typed.get(IN_SHARDINGS),  # type: ignore[arg-type]
+        typed.get(OUT_SHARDINGS),  # type: ignore[arg-type]
+        typed.get(MANUAL_AXES),  # type: ignore[arg-type]
     )
 
 
 def _read_sdy(cursor: Cursor, key: str, value: str, start: int, offsets: list[int] | None) -> object:
     try:
-        if key == MESHES:
-            return parse_meshes(value)
-        if key == SHARDING:
-            return parse_sharding(value)
-        return parse_group_id(value)
+        return _READERS[key](value)
     except ShardyTextError as e:
         at = start + e.offset if offsets is None else offsets[min(e.offset, len(offsets) - 1)]
         cursor.fail(f"bad Shardy value for {key}: {e}", at)

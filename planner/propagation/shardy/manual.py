@@ -12,17 +12,9 @@ in front of every dim's free axes (coming out), so the body propagates over free
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from planner.sharding.shardy import DimSharding, TensorSharding
-
-_AXIS_NAME = re.compile(r'"((?:[^"\\]|\\.)*)"')
-
-
-def parse_manual_axes(text: str | None) -> tuple[str, ...]:
-    """`#sdy<manual_axes{"b", "c"}>` -> ("b", "c")."""
-    return tuple(_AXIS_NAME.findall(text or ""))
 
 
 def erase_manual_axes(sharding: TensorSharding, manual: tuple[str, ...]) -> TensorSharding:

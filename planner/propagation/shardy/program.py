@@ -38,11 +38,11 @@ from planner.hlo.text.shardy_import import (
     shardy_constraint,
 )
 from planner.propagation.shardy.factor_propagation import Direction
-from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes, parse_manual_axes
+from planner.propagation.shardy.manual import add_free_axes, erase_manual_axes
 from planner.propagation.shardy.manual_hlo import in_shardings_of, manual_axes_of, out_shardings_of
 from planner.propagation.shardy.release import ShardyRelease
 from planner.propagation.shardy.rule import OpShardingRule
-from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding, parse_sharding
+from planner.sharding.shardy import DimSharding, SdyMesh, TensorSharding
 
 
 class OpKind(enum.Enum):
@@ -251,12 +251,8 @@ def _sdy_shardings(inst: Instruction) -> tuple[TensorSharding, ...] | None:
     else a Shardy sharding XLA writes natively in `sharding=` (`{mesh['x'=4], [{'x'}, {?}]}`, jax 0.12's
     dumps), its mesh inline."""
     attrs = _frontend(inst)
-    if attrs is not None:
-        if attrs.sdy_sharding is not None:
-            return attrs.sdy_sharding
-        text = attrs.get("xla.sdy.sharding")
-        if text:
-            return parse_sharding(text)
+    if attrs is not None and attrs.sdy_sharding is not None:
+        return attrs.sdy_sharding
     named = named_shardings(inst)
     if named and all(n is not None for n in named):
         return tuple(n.sharding for n in named if n is not None)
@@ -608,10 +604,10 @@ class _Builder:
 
     def enter_manual(self, inst: Instruction, operands: list[Tree]) -> Tree:
         attrs = _frontend(inst)
-        manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
-        text = attrs.get("xla.sdy.in_shardings") if attrs else None
-        in_shardings = list(parse_sharding(text)) if text else []
-        if not text and inst.sharding is not None:
+        manual_axes = (attrs.sdy_manual_axes if attrs else None) or ()
+        written = attrs.sdy_in_shardings if attrs else None
+        in_shardings = list(written or ())
+        if written is None and inst.sharding is not None:
             # libtpu 0.0.52's dumps: the shardings written natively, no attributes (`manual_hlo`).
             assert self.current is not None
             manual_axes = manual_axes_of(inst)
@@ -670,7 +666,7 @@ class _Builder:
         if self._returns_inputless_body(inst):
             # A shard_map with no operands: JAX writes its body's call with no GlobalToLocalShape before it,
             # and the manual axes on this end alone.
-            manual_axes = parse_manual_axes(attrs.get("xla.sdy.manual_axes") if attrs else None)
+            manual_axes = (attrs.sdy_manual_axes if attrs else None) or ()
             if not manual_axes and attrs is None and self.current is not None:
                 manual_axes = manual_axes_of(self._body_call(inst))
             manual = ManualComputation(_op_name(inst), manual_axes, [])
@@ -679,9 +675,9 @@ class _Builder:
             raise UnsupportedHlo(f"{inst.name}: xla.sdy.LocalToGlobalShape without its GlobalToLocalShape")
         else:
             manual = self.manual_stack.pop()
-        text = attrs.get("xla.sdy.out_shardings") if attrs else None
-        manual.out_shardings = list(parse_sharding(text)) if text else []
-        if not text and inst.sharding is not None:
+        written_out = attrs.sdy_out_shardings if attrs else None
+        manual.out_shardings = list(written_out or ())
+        if written_out is None and inst.sharding is not None:
             manual.out_shardings = out_shardings_of(inst)
         returned = [leaf.value for t in operands for leaf in _leaves(t)]
         results = self.fresh(inst, inst.shape)
