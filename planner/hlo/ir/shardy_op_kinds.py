@@ -29,9 +29,9 @@ CONSTANT_PRESERVING = SHARDY_ELEMENTWISE | SHAPE_OPS
 SHAPE_KEEPING_COLLECTIVES = frozenset({"all-reduce", "collective-broadcast", "collective-permute"})
 
 # The registry's pointwise entries: unary and binary elementwise ops and the collectives above, less
-# bitcast-convert (a rule of its own: it may change the minor dim) and copy (no StableHLO op reaches the
-# registry as one). `erf` and `topk` reach Shardy as `custom_call @mhlo.erf` / `@mhlo.topk`; select and
-# clamp have rules of their own (scalar operands).
+# bitcast-convert (a rule of its own: it may change the minor dim) and copy (XLA imports it as
+# `mhlo.copy`, whose rule is XLA's own extension). `erf` and `topk` reach Shardy as `custom_call @mhlo.erf`
+# / `@mhlo.topk`; select and clamp have rules of their own (scalar operands).
 POINTWISE = (
     (UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | SHAPE_KEEPING_COLLECTIVES)
     - _NO_STABLEHLO_OP

@@ -36,6 +36,7 @@ from planner.propagation.shardy import registry_custom as custom
 from planner.propagation.shardy import registry_data as data
 from planner.propagation.shardy import registry_reductions as reductions
 from planner.propagation.shardy import registry_shapes as shapes
+from planner.propagation.shardy import registry_xla as xla
 from planner.propagation.shardy.registry_common import OpView, RuleFn, pointwise
 from planner.propagation.shardy.registry_rule_text import parse_rule
 from planner.propagation.shardy.release import ShardyRelease
@@ -50,6 +51,8 @@ _RULES: dict[str, RuleFn] = {
     "all-gather": reductions.all_gather,
     "all-to-all": reductions.all_to_all,
     "batch-norm-inference": reductions.batch_norm_inference,
+    "copy": xla.copy,
+    "ragged-dot": xla.ragged_dot,
     "bitcast-convert": shapes.bitcast_convert,
     "broadcast": shapes.broadcast,
     "cholesky": data.cholesky,
