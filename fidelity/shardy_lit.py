@@ -12,6 +12,12 @@ the cases hold; its expectation is keyed by the edge's location. Edges follow th
 the test file, one per result in result order, so such a key is matched to the nearest loop or branch
 above it, and to its result by its rank among that op's edge keys, counting only results whose HLO
 expectation (`expect_hlo`) is sharded when those are fewer than the results.
+
+What jaxlib's converter refuses or rewrites is first written in the form it takes (`readable_module`):
+explicit reshards as constraints, manual computations over no axes as named computations (jaxlib 0.12),
+function data-flow edges as the calls they link, named computations and kept calls as calls of private
+functions, and unused constraints returned or kept alive. The same suites run on jax 0.7.1's cases
+(`shared/shardy_cases`) and jax 0.12's (`shared/shardy_cases_jax012`), each on its own jaxlib.
 """
 
 from __future__ import annotations
