@@ -38,20 +38,18 @@ STEPS = sorted(str(p.relative_to(FIXTURES)).removesuffix(".xla.json") for p in F
 # Shardy steps (and forms) whose While shapes still differ from XLA:TPU's, with what differs.
 _EVERY_FORM = FORMS
 SHARDY_LOOPS_DIFFER: dict[str, tuple[str, ...]] = {
-    # XLA:TPU carries the rotary embedding's c64 as two f32 and its searchsorted loops twice.
+    # XLA:TPU's first call inliner (libtpu's `TpuCallInliner`) leaves the grouped matmuls called twice as calls
+    # until it has partitioned, so the searchsorted loop inside each is not merged with its twin inlined
+    # beside the call: 8 loops where ours, every call inlined and CSE'd, has 6.
     "maxtext_deepseek2-16b_L2_v6e-16_shardy": _EVERY_FORM,
-    # The backward scan's weights captured in another order (libtpu's `tpu-broadcast-rewriter` moves a
-    # transpose of the MLP gradient onto its dots, which algsimp then swaps); the dump's forward scan
-    # also carries two splash-attention masks more (the dump elides their literals, so CSE cannot merge
-    # them with their twins as XLA:TPU's does).
-    "maxtext_gemma2-2b_L4_v5e-8_shardy": _EVERY_FORM,
-    "libtpu_0_0_52/maxtext_gemma2-2b_L4_v5e-8_shardy": _EVERY_FORM,
-    # The expert-parallel steps' searchsorted loops (XLA:TPU has two more) and routing elements.
+    # The dump's forward scan carries two splash-attention masks more (the dump elides their literals,
+    # so CSE cannot merge them with their twins as XLA:TPU's does).
+    "maxtext_gemma2-2b_L4_v5e-8_shardy": ("xla_dump.hlo.gz",),
+    "libtpu_0_0_52/maxtext_gemma2-2b_L4_v5e-8_shardy": ("xla_dump.hlo.gz",),
+    # The expert-parallel steps' searchsorted loops (XLA:TPU has two more, as DeepSeek's) and routing elements.
     "maxtext_mixtral-8x7b_L16_v5p-8_shardy": _EVERY_FORM,
     "maxtext_mixtral-8x7b_L2_v5p-8_shardy": _EVERY_FORM,
     "maxtext_qwen3-30b-a3b_L2_v5p-16_shardy": _EVERY_FORM,
-    # The backward scan's weights captured in another order, as Gemma 2's.
-    "maxtext_qwen3-8b_L4_v6e-8_shardy": _EVERY_FORM,
 }
 
 
@@ -107,9 +105,9 @@ def test_a_refusal_quotes_the_hbm_total_of_xla_tpus_buffer_assignment() -> None:
 
 
 # Today's worst error against XLA:TPU's HBM over these steps, as regression bounds (the goal is 5%): where our
-# per-device While shapes equal XLA:TPU's (Gemma 3 4B on v6e-8, -10.2%), and where they do not (Gemma 2 2B on
-# v5e-8, -10.7%).
-WORST_ERROR = {"exact": 0.102, "loops differ": 0.108}
+# per-device While shapes equal XLA:TPU's (Gemma 2 2B on v5e-8, -10.7%), and where they do not (DeepSeek 2 16B
+# on v6e-16, -8.0%).
+WORST_ERROR = {"exact": 0.108, "loops differ": 0.080}
 
 
 @pytest.mark.parametrize("name", STEPS)

@@ -59,17 +59,19 @@ def test_loops_carry_what_xla_tpu_s_loops_carry_when_it_propagates(case: Case) -
     assert carried(prepared.loops) == carried(while_loops(golden))
 
 
-# Instructions matched by name between our prepared module and XLA:TPU's (of 832 to 1,517 in each).
+# Instructions matched by name between our prepared module and XLA:TPU's (of 832 to 1,517 in each). Each step
+# gained 2 to 10 when algsimp's `transpose(dot(a, b)) -> dot(b, a)` was modelled: the weight-gradient dots it
+# rebuilds now pair with XLA:TPU's by structure, and each agrees.
 COMPARED = {
-    "jax_llama_noremat_f32_gspmd_fsdp4_tp2_L4_D1024_free": 534,
-    "jax_llama_dots_f32_gspmd_data2_fsdp2_tp2_L4_D1024_free": 517,
-    "jax_gpt2_noremat_bf16_gspmd_fsdp1_tp8_L4_D768_free": 596,
-    "jax_gpt2_dots_bf16_gspmd_fsdp8_tp1_L4_D768_free": 497,
-    "jax_mlp_dots_bf16_gspmd_fsdp4_tp2_L4_D2048_pinned": 140,
-    "jax_moe_noremat_bf16_gspmd_fsdp4_tp2_L4_D1024_free": 614,
-    "jax_moe_full_f32_gspmd_fsdp2_tp4_L4_D1024_free": 495,
-    "jax_llama_lm_take_V8192_noremat_f32_gspmd_fsdp4_tp2_L4_D1024_free": 582,
-    "jax_llama_lmtied_onehot_V8192_adamwclip_f32master_noremat_bf16_gspmd_fsdp2_tp4_L4_D1024_pinned": 1024,
+    "jax_llama_noremat_f32_gspmd_fsdp4_tp2_L4_D1024_free": 541,
+    "jax_llama_dots_f32_gspmd_data2_fsdp2_tp2_L4_D1024_free": 527,
+    "jax_gpt2_noremat_bf16_gspmd_fsdp1_tp8_L4_D768_free": 600,
+    "jax_gpt2_dots_bf16_gspmd_fsdp8_tp1_L4_D768_free": 502,
+    "jax_mlp_dots_bf16_gspmd_fsdp4_tp2_L4_D2048_pinned": 142,
+    "jax_moe_noremat_bf16_gspmd_fsdp4_tp2_L4_D1024_free": 620,
+    "jax_moe_full_f32_gspmd_fsdp2_tp4_L4_D1024_free": 501,
+    "jax_llama_lm_take_V8192_noremat_f32_gspmd_fsdp4_tp2_L4_D1024_free": 590,
+    "jax_llama_lmtied_onehot_V8192_adamwclip_f32master_noremat_bf16_gspmd_fsdp2_tp4_L4_D1024_pinned": 1031,
 }
 
 

@@ -39,6 +39,8 @@ decisions where they were; these do not, because propagation treats the opcodes 
   iterations); the `algsimp` `Phase_1_pre-layout_assignment_passes` runs right after it rewrites
   them, before the partitioner. Propagation then sees an elementwise multiply of two broadcasts
   instead of a dot's batch-dim rules.
+- a transpose of a dot that only puts the rhs's free dims first is the dot with its operands
+  swapped (`HandleTranspose`; `transpose_of_dot.py` says what that changes);
 - a dot one of whose operands has only batch and contracting dims is a reduce of a multiply
   (`enable_dot_strength_reduction`, on in `simplification-1`'s algsimp): on an MoE step the
   `bsd,bsed->bse` router-gradient dot is rewritten by `simplification-1`'s first algsimp.
@@ -57,6 +59,7 @@ from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.constant_folding import parse_scalar
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
+from planner.prepare.transpose_of_dot import transpose_of_dot
 
 
 def _array(inst: Instruction) -> ArrayShape | None:
@@ -317,6 +320,7 @@ class AlgebraicSimplifier:
         renamed: dict[str, str] = {}
         rewritten = 0
         negated = 0
+        swapped = 0
         arithmetic: dict[str, str] = {}
         adders: dict[str, str] = {}
         for comp in list(edit.computations.values()):
@@ -359,17 +363,20 @@ class AlgebraicSimplifier:
                     comp.replace_uses(inst.name, value)
                     comp.remove(inst.name)
                     arithmetic[inst.name] = value
+                elif inst.opcode == "transpose" and transpose_of_dot(comp, inst):
+                    swapped += 1
                 elif inst.opcode == "subtract" and (add := _subtract_of_constant(edit, comp, inst)) is not None:
                     comp.replace_uses(inst.name, add)
                     comp.remove(inst.name)
                     renamed[inst.name] = add
                     negated += 1
-        if not (renamed or rewritten or arithmetic):
+        if not (renamed or rewritten or arithmetic or swapped):
             return Rewrite(module)
         removed = len(renamed) - negated
         parts = [f"{removed} identity ops removed"] if removed else []
         parts += [f"{rewritten} broadcasts and reshapes rewritten as simpler reshapes"] if rewritten else []
         parts += [f"{negated} subtractions of a constant rewritten as additions"] if negated else []
         parts += [f"{len(arithmetic)} dots strength-reduced"] if arithmetic else []
+        parts += [f"{swapped} transposes of a dot folded into it"] if swapped else []
         renamed.update(arithmetic)
         return Rewrite(edit.freeze(), renamed, "; ".join(parts))

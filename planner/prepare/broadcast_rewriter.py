@@ -40,6 +40,9 @@ second restores; `simplification-2`'s reshape-mover later moves some back), and
 reshaped weight (`dot(x, reshape(transpose(w)))` with output [B,S,H,hd], for q/k projections whose
 dot has that reshape as only reader; modelled, it changes no While shape on the cached steps).
 XLA leaves the reshape where it is when the chain reaches a dot, a get-tuple-element or a slice.
+
+The pass moves transposes the same way, and further: a transpose's chain may also end in dots, which
+then read through a transpose of their own (`transpose_sinking`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from planner.hlo.ir.opcodes import ELEMENTWISE
 from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
 from planner.prepare.rewrite import Rewrite
+from planner.prepare.transpose_sinking import sink_transpose
 
 # Elementwise ops whose operands all have the result's dims (clamp's scalar bounds and the
 # bit-width-changing bitcast-convert aside).
@@ -87,16 +91,23 @@ class TpuBroadcastRewriter:
     def run(self, module: HloModule) -> Rewrite:
         edit = ModuleEdit(module)
         renamed: dict[str, str] = {}
+        transposes: dict[str, str] = {}
         for comp in edit.computations.values():
             for inst in comp:
                 if inst.opcode == "reshape" and inst.name in comp:
                     value = _rewrite(edit, comp, inst)
                     if value is not None:
                         renamed[inst.name] = value
-        if not renamed:
+                elif inst.opcode == "transpose" and inst.name in comp:
+                    value = sink_transpose(edit, comp, inst)
+                    if value is not None:
+                        transposes[inst.name] = value
+        if not (renamed or transposes):
             return Rewrite(module)
-        return Rewrite(edit.freeze(), renamed, f"{len(renamed)} reshapes of elementwise work on broadcasts "
-                                               "computed at the reshape's shape")  # fmt: skip
+        reshapes = f"{len(renamed)} reshapes of elementwise work on broadcasts computed at the reshape's shape"
+        moved = f"{len(transposes)} transposes moved onto the dots and broadcasts they read"
+        summary = "; ".join(text for text, done in ((reshapes, renamed), (moved, transposes)) if done)
+        return Rewrite(edit.freeze(), renamed | transposes, summary)
 
 
 def _chain(comp: ComputationEdit, top: Instruction, dims: tuple[int, ...]) -> list[Instruction] | None:

@@ -23,6 +23,7 @@ from planner.mesh import Mesh
 from planner.mesh_check import mesh_warnings
 from planner.prepare.algebraic_simplifier import AlgebraicSimplifier
 from planner.prepare.broadcast_rewriter import TpuBroadcastRewriter
+from planner.prepare.complex_rewriter import ComplexRewriter
 from planner.prepare.constant_folding import ConstantFolding
 from planner.prepare.constant_sinking import WhileLoopConstantSinking
 from planner.prepare.constant_splitter import HloConstantSplitter
@@ -49,8 +50,9 @@ FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining(), FlattenC
 
 # XLA:TPU's passes before its partitioner that change what propagation decides, in its order (its
 # dump of an LM step, pass by pass): the embedding-free cross-entropy gradient rewritten, 64-bit
-# loop elements (torch_xla's s64 counter) carried as two u32 halves, common
-# subexpressions merged (the two RoPE tables become one), the module DCE's first loop clean-up, its
+# loop elements (torch_xla's s64 counter) carried as two u32 halves and complex ones (DeepSeek's
+# rotary tables) as their real and imaginary parts, common subexpressions merged (the two RoPE
+# tables become one), the module DCE's first loop clean-up, its
 # `simplification-1` loop passes to their fixed point (with the net effect of its two layout
 # passes, `tpu-broadcast-rewriter` and `tpu-degenerate-dimension-rewriter`, after
 # `tpu-reduce-rewriter` as in XLA's order), and the partitioner's own constant splitter.
@@ -80,6 +82,7 @@ TPU_SIMPLIFICATION = FixedPoint(
 TPU_PASSES: tuple[ModulePass, ...] = (
     SparseGradientRewrite(),
     X64Rewriter(),
+    ComplexRewriter(),
     HloDce(),
     HloCse(),
     TupleSimplifier(),

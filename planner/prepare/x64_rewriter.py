@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from planner.hlo.ir.module import Attribute, HloModule, Instruction
-from planner.hlo.ir.shapes import ArrayShape, TupleShape
-from planner.prepare.edit import ComputationEdit, ModuleEdit, get_tuple_element, tuple_of, with_attribute
+from planner.hlo.ir.shapes import ArrayShape
+from planner.prepare.edit import ComputationEdit, ModuleEdit
+from planner.prepare.element_split import split_elements
 from planner.prepare.rewrite import Rewrite
-from planner.prepare.while_state import LoopView, element_of, parameter, whiles
+from planner.prepare.while_state import whiles
 
 WIDE = frozenset({"s64", "u64"})
 
@@ -49,6 +50,30 @@ def _custom_call(name: str, target: str, shape: ArrayShape, operands: tuple[str,
 
 
 @dataclass(frozen=True)
+class X64Words:
+    """An s64/u64 element as its low and high u32 words; `X64Combine(low, high)` rebuilds it."""
+
+    def splits(self, shape: object) -> bool:
+        return isinstance(shape, ArrayShape) and shape.element_type in WIDE
+
+    def half(self, shape: ArrayShape) -> ArrayShape:
+        return _half(shape)
+
+    def split(self, edit: ModuleEdit, comp: ComputationEdit, value: str, shape: ArrayShape, before: str) -> list[str]:
+        return _split_words(edit, comp, value, shape, before)
+
+    def split_init(self, edit: ModuleEdit, comp: ComputationEdit, value: str, shape: ArrayShape,
+                   before: str) -> list[str]:  # fmt: skip
+        return _halves_of(edit, comp, value, shape, before)
+
+    def combine(self, name: str, shape: ArrayShape, halves: tuple[str, str]) -> Instruction:
+        return _custom_call(name, "X64Combine", shape, halves)
+
+    def is_combine(self, inst: Instruction) -> bool:
+        return inst.opcode == "custom-call" and inst.attr("custom_call_target") == "X64Combine"
+
+
+@dataclass(frozen=True)
 class X64Rewriter:
     NAME: ClassVar[str] = "x64-rewriter"
     MIRRORS: ClassVar[str] = (
@@ -57,105 +82,10 @@ class X64Rewriter:
 
     def run(self, module: HloModule) -> Rewrite:
         edit = ModuleEdit(module)
-        split = sum(_split(loop) for loop in whiles(edit))
+        split = sum(split_elements(loop, X64Words()) for loop in whiles(edit))
         if not split:
             return Rewrite(module)
         return Rewrite(edit.freeze(), summary=f"{split} 64-bit loop elements carried as two u32 halves")
-
-
-def _wide(shape: object) -> bool:
-    return isinstance(shape, ArrayShape) and shape.element_type in WIDE
-
-
-def _split(loop: LoopView) -> int:
-    """Splits the loop's 64-bit integer elements; returns how many."""
-    old = loop.shape
-    wide = [i for i, e in enumerate(old.elements) if _wide(e)]
-    if not wide:
-        return 0
-    parent, name = loop.parent, loop.name
-    if any(u.opcode != "get-tuple-element" for u in parent.users(name)) or parent.root_name == name:
-        return 0  # the loop's result is read whole: its halves would have to be put back together
-    for comp in (loop.body, loop.condition):
-        if any(u.opcode != "get-tuple-element" for u in comp.users(parameter(comp).name)):
-            return 0
-    # Old index -> new indices (low word, then high word for a split element).
-    where: dict[int, tuple[int, ...]] = {}
-    elements: list[ArrayShape] = []
-    for i, e in enumerate(old.elements):
-        if i in wide:
-            where[i] = (len(elements), len(elements) + 1)
-            elements += [_half(e), _half(e)]  # type: ignore[arg-type]
-        else:
-            where[i] = (len(elements),)
-            elements.append(e)  # type: ignore[arg-type]
-    shape = TupleShape(tuple(elements))
-    edit = loop.edit
-
-    # Inside: reads of a split element rebuild it from its halves; the body returns its halves.
-    body = loop.body
-    root = body.root
-    returned = list(root.operands)
-    for comp in (body, loop.condition):
-        param = parameter(comp)
-        comp.replace(dataclasses.replace(param, shape=shape))
-        _read_halves(edit, comp, param.name, shape, where, wide)
-    operands: list[str] = []
-    for i, value in enumerate(returned):
-        if i not in wide:
-            operands.append(value)
-            continue
-        passed = body[value]
-        if (
-            passed.opcode == "custom-call"
-            and passed.attr("custom_call_target") == "X64Combine"
-            and all(
-                body[o].opcode == "get-tuple-element" and body[o].attr("index") == k
-                for o, k in zip(passed.operands, where[i])
-            )
-        ):
-            operands += list(passed.operands)  # carried unchanged: its halves pass through
-            continue
-        operands += _split_words(edit, body, value, old.elements[i], before=root.name)  # type: ignore[arg-type]
-    body.set_operands(root.name, tuple(operands))
-    body.replace(dataclasses.replace(body[root.name], shape=shape))
-
-    # Outside: the init carries the halves; what reads the result rebuilds the 64-bit value.
-    init = loop.init
-    values = []
-    for i in range(len(old.elements)):
-        value = element_of(edit, parent, init, old, i, before=name)
-        if i not in wide:
-            values.append(value)
-        else:
-            values += _halves_of(edit, parent, value, old.elements[i], before=name)  # type: ignore[arg-type]
-    init_name = edit.fresh_name("tuple")
-    parent.add(tuple_of(init_name, tuple(values), shape.elements), before=name)
-    parent.replace(dataclasses.replace(loop.instruction, operands=(init_name,), shape=shape))
-    if init.opcode == "tuple" and not parent.has_users(init.name) and init.name != parent.root_name:
-        parent.remove(init.name)
-    _read_halves(edit, parent, name, shape, where, wide)
-    edit.recreated(loop.condition.name)
-    edit.recreated(loop.body.name)
-    return len(wide)
-
-
-def _read_halves(edit: ModuleEdit, comp: ComputationEdit, tuple_name: str, shape: TupleShape,
-                 where: dict[int, tuple[int, ...]], wide: list[int]) -> None:  # fmt: skip
-    """Every get-tuple-element of `tuple_name` reads its element's new index; one of a split
-    element becomes `X64Combine` of two reads of its halves (keeping its name, so what reads it and
-    what names it find it)."""
-    for gte in comp.users(tuple_name):
-        index = gte.attr("index")
-        if index not in wide:
-            comp.replace(with_attribute(gte, "index", where[index][0], str(where[index][0])))
-            continue
-        halves = []
-        for k in where[index]:
-            half = get_tuple_element(edit.fresh_name("get-tuple-element"), tuple_name, shape, k, like=gte)
-            comp.add(half, before=gte.name)
-            halves.append(half.name)
-        comp.replace(_custom_call(gte.name, "X64Combine", gte.array_shape, tuple(halves)))
 
 
 def _halves_of(edit: ModuleEdit, comp: ComputationEdit, value: str, shape: ArrayShape, before: str) -> list[str]:
