@@ -27,10 +27,11 @@ from planner.sharding import HloSharding, TileAssignment, parse_sharding  # noqa
 
 def clear_caches() -> None:
     """Forgets what every package memoises across calls, so that a benchmark's run starts cold."""
-    from planner import hlo, memory, plan, sharding
+    from planner import hlo, memory, plan, propagation, sharding
 
     sharding.clear_caches()
     hlo.clear_caches()
+    propagation.clear_caches()
     memory.clear_caches()
     plan.clear_caches()
 

@@ -48,6 +48,13 @@ def propagate(prepared: PreparedModule, options: PropagationOptions | None = Non
         return run_gspmd(prepared.module, options if options is not None else prepared.options, prepared.aliases)
 
 
+def clear_caches() -> None:
+    """Forgets what propagation memoises across calls: which Shardy the installed jaxlib carries."""
+    from planner.propagation.shardy import release
+
+    release.clear_caches()
+
+
 __all__ = [
     "DotDims",
     "ExplainStep",
@@ -55,6 +62,7 @@ __all__ = [
     "PropagationOptions",
     "PropagationResult",
     "ShardingPropagation",
+    "clear_caches",
     "dot_dims",
     "propagate",
 ]

@@ -101,6 +101,10 @@ class ShardyRelease(enum.Enum):
         return _installed()
 
 
+def clear_caches() -> None:
+    _installed.cache_clear()
+
+
 @cache
 def _installed() -> ShardyRelease:
     from planner.hlo.text.jaxlib_api import jaxlib_version
