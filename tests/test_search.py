@@ -84,7 +84,7 @@ ENTRY main {
     prepared = prepare(parse_hlo(text), "cpu", Mesh.parse("x=8"))
     per_dot = 2 * 4 * 2048 * 128
     assert per_dot == 2_097_152
-    assert dot_flops_per_device(prepared.front, propagate(prepared)) == per_dot * (1 + 8)
+    assert dot_flops_per_device(prepared.module, propagate(prepared)) == per_dot * (1 + 8)
 
 
 def test_no_device_does_less_than_its_share_of_a_dot() -> None:
@@ -99,7 +99,7 @@ ENTRY main {
 }
 """
     prepared = prepare(parse_hlo(text), "cpu", Mesh.parse("x=8"))
-    assert dot_flops_per_device(prepared.front, propagate(prepared)) == 2 * 1 * 2048 * 512
+    assert dot_flops_per_device(prepared.module, propagate(prepared)) == 2 * 1 * 2048 * 512
 
 
 def test_a_builder_that_cannot_be_loaded_is_named() -> None:

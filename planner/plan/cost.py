@@ -23,7 +23,11 @@ from planner.sharding.hlo_sharding import HloSharding
 
 
 def dot_flops_per_device(module: HloModule, result: PropagationResult) -> int:
-    """2 x output elements x contracted elements per device, summed over every dot of the step."""
+    """2 x output elements x contracted elements per device, summed over every dot of the step.
+
+    `module` is the one `result` propagated (a prepared module's `module`, after its target's passes): a
+    pass may have rebuilt a dot under another name (XLA:TPU's transpose-of-dot fold), which `result` knows
+    by that name only."""
     runs = computation_runs(module)
     num_devices = int(module.attr("num_partitions") or 1)
     total = 0

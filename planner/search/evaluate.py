@@ -132,7 +132,7 @@ def _evaluate(build: StepBuilder, candidate: Candidate, start: float) -> Evaluat
         capacity_bytes=capacity,
         predicted_before_bytes=plan.hbm.total_before,
         predicted_after_bytes=plan.hbm.total_after,
-        flops_per_device=dot_flops_per_device(planned.front, propagate(planned)),
+        flops_per_device=dot_flops_per_device(planned.module, propagate(planned)),
         pinned=pinned,
         plan_json=plan.model_dump_json(),
         seconds=time.perf_counter() - start,
