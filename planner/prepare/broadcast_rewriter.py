@@ -48,19 +48,16 @@ then read through a transpose of their own (`transpose_sinking`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from planner.hlo.ir.module import Attribute, HloModule, Instruction
-from planner.hlo.ir.opcodes import ELEMENTWISE
 from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
+from planner.prepare.elementwise_chain import SAME_DIMS_ELEMENTWISE, elementwise_chain
 from planner.prepare.rewrite import Rewrite
 from planner.prepare.transpose_sinking import sink_transpose
-
-# Elementwise ops whose operands all have the result's dims (clamp's scalar bounds and the
-# bit-width-changing bitcast-convert aside).
-_CHAIN = ELEMENTWISE - {"clamp", "bitcast-convert", "stochastic-convert"}
 
 
 def _array(inst: Instruction) -> ArrayShape | None:
@@ -110,41 +107,22 @@ class TpuBroadcastRewriter:
         return Rewrite(edit.freeze(), renamed | transposes, summary)
 
 
-def _chain(comp: ComputationEdit, top: Instruction, dims: tuple[int, ...]) -> list[Instruction] | None:
-    """The elementwise ops under `top` (itself included) down to broadcasts and iotas (along a dim
-    that is not size 1), operands first; None when any path reaches anything else."""
-    order: list[Instruction] = []
-    seen: set[str] = set()
-
-    def visit(inst: Instruction) -> bool:
-        if inst.name in seen:
-            return True
-        seen.add(inst.name)
-        shape = _array(inst)
-        if shape is None or shape.dims != dims or inst.sharding is not None:
-            return False
-        if inst.opcode == "broadcast" or (inst.opcode == "iota" and dims[int(inst.attr("iota_dimension") or 0)] != 1):
-            order.append(inst)
-            return True
-        if inst.opcode not in _CHAIN:
-            return False
-        if not all(visit(comp[o]) for o in inst.operands):
-            return False
-        order.append(inst)
-        return True
-
-    return order if visit(top) else None
+def _broadcast_leaf(dims: tuple[int, ...]) -> Callable[[Instruction], bool]:
+    """A chain's leaves here: broadcasts, and iotas along a dim that is not size 1."""
+    return lambda inst: (
+        inst.opcode == "broadcast" or (inst.opcode == "iota" and dims[int(inst.attr("iota_dimension") or 0)] != 1)
+    )
 
 
 def _rewrite(edit: ModuleEdit, comp: ComputationEdit, reshape: Instruction) -> str | None:
     shape = _array(reshape)
     top = comp[reshape.operands[0]]
     source = _array(top)
-    if shape is None or source is None or reshape.sharding is not None or top.opcode not in _CHAIN:
+    if shape is None or source is None or reshape.sharding is not None or top.opcode not in SAME_DIMS_ELEMENTWISE:
         return None
     if shape.dims == source.dims or _squeezed(shape.dims) != _squeezed(source.dims):
         return None  # not a reshape that only inserts or deletes size-1 dims
-    chain = _chain(comp, top, source.dims)
+    chain = elementwise_chain(comp, top, source.dims, _broadcast_leaf(source.dims))
     if chain is None:
         return None
     # Source dim -> new dim, for the dims that are not size 1 (the same sequence on both sides).

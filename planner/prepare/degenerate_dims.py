@@ -29,14 +29,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from planner.hlo.ir.module import HloModule, Instruction
-from planner.hlo.ir.opcodes import ELEMENTWISE
 from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
+from planner.prepare.elementwise_chain import SAME_DIMS_ELEMENTWISE
 from planner.prepare.rewrite import Rewrite
 
-# Elementwise ops whose operands all have the result's dims (clamp's scalar bounds and the
-# bit-width-changing bitcast-convert aside).
-_ELEMENTWISE = ELEMENTWISE - {"clamp", "bitcast-convert", "stochastic-convert"}
 # Chains from these are the broadcast rewriter's: it rebuilds them at the wide rank (`broadcast_rewriter`).
 _WIDENED = frozenset({"broadcast", "iota", "constant"})
 
@@ -58,7 +55,7 @@ class DegenerateDimensionRewriter:
         renamed: dict[str, str] = {}
         for comp in edit.computations.values():
             for inst in comp:
-                if inst.opcode in _ELEMENTWISE:
+                if inst.opcode in SAME_DIMS_ELEMENTWISE:
                     value = _rewrite(edit, comp, inst)
                     if value is not None:
                         renamed[inst.name] = value

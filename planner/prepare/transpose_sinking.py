@@ -32,13 +32,10 @@ from __future__ import annotations
 import dataclasses
 
 from planner.hlo.ir.module import Attribute, Instruction
-from planner.hlo.ir.opcodes import ELEMENTWISE
 from planner.hlo.ir.shapes import ArrayShape
 from planner.prepare.edit import ComputationEdit, ModuleEdit
+from planner.prepare.elementwise_chain import SAME_DIMS_ELEMENTWISE, elementwise_chain
 
-# Elementwise ops whose operands all have the result's dims (clamp's scalar bounds and the
-# bit-width-changing bitcast-convert aside).
-_CHAIN = ELEMENTWISE - {"clamp", "bitcast-convert", "stochastic-convert"}
 # What a chain may end in: values the transpose moves onto for free.
 _LEAVES = frozenset({"broadcast", "iota", "dot"})
 
@@ -48,12 +45,12 @@ def sink_transpose(edit: ModuleEdit, comp: ComputationEdit, transpose: Instructi
     pass leaves it (its operand is no elementwise chain ending in broadcasts, iotas and dots)."""
     shape = transpose.shape
     top = comp[transpose.operands[0]]
-    if not isinstance(shape, ArrayShape) or transpose.sharding is not None or top.opcode not in _CHAIN:
+    if not isinstance(shape, ArrayShape) or transpose.sharding is not None or top.opcode not in SAME_DIMS_ELEMENTWISE:
         return None
     perm = tuple(transpose.attr("dimensions") or ())
     if perm == tuple(range(len(perm))):
         return None
-    chain = _chain(comp, top)
+    chain = elementwise_chain(comp, top, top.shape.dims, lambda inst: inst.opcode in _LEAVES)  # type: ignore[union-attr]
     if chain is None:
         return None
     inverse = {old: new for new, old in enumerate(perm)}
@@ -80,30 +77,6 @@ def sink_transpose(edit: ModuleEdit, comp: ComputationEdit, transpose: Instructi
     comp.replace_uses(transpose.name, new[top.name])
     comp.remove(transpose.name)
     return new[top.name]
-
-
-def _chain(comp: ComputationEdit, top: Instruction) -> list[Instruction] | None:
-    """The elementwise ops under `top` (itself included) down to broadcasts, iotas and dots of its
-    dims, operands first; None when any path reaches anything else."""
-    dims = top.shape.dims  # type: ignore[union-attr]
-    order: list[Instruction] = []
-    seen: set[str] = set()
-
-    def visit(inst: Instruction) -> bool:
-        if inst.name in seen:
-            return True
-        seen.add(inst.name)
-        if not isinstance(inst.shape, ArrayShape) or inst.shape.dims != dims or inst.sharding is not None:
-            return False
-        if inst.opcode in _LEAVES:
-            order.append(inst)
-            return True
-        if inst.opcode not in _CHAIN or not all(visit(comp[o]) for o in inst.operands):
-            return False
-        order.append(inst)
-        return True
-
-    return order if visit(top) else None
 
 
 def _with(edit: ModuleEdit, inst: Instruction, out: ArrayShape, key: str, attr: Attribute,
