@@ -49,10 +49,7 @@ def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bo
             out[f"@result:{i}"] = sharding_text(result.sharding)
     for op in program.ops:
         if op.kind in (RULE, BARRIER):
-            inst = op.inst
-            is_constraint = (
-                inst is not None and inst.opcode == "custom-call" and inst.attr("custom_call_target") == "Sharding"
-            )
+            is_constraint = op.is_sharding_constraint
             # A constraint (and the reshard the export makes of it) prints its one sharding.
             # An op the converter wrote as several instructions is its last one (the others prepare operands).
             if is_constraint and op.results[0].sharding is not None:

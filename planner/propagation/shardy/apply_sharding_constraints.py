@@ -21,23 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.hlo.ir.shapes import ArrayShape
-from planner.propagation.shardy.program import CONSTRAINT, EDGE, SHARDING_CONSTRAINT, Op, Program, Value
+from planner.propagation.shardy.program import CONSTRAINT, EDGE, Op, Program, Value
 from planner.sharding.shardy import DimSharding, TensorSharding
-
-
-def is_sharding_constraint(op: Op) -> bool:
-    return (
-        op.kind != EDGE
-        and op.inst is not None
-        and op.inst.opcode == "custom-call"
-        and op.inst.attr("custom_call_target") == SHARDING_CONSTRAINT
-    )
 
 
 def apply_sharding_constraints(program: Program) -> None:
     asked = _asked_shardings(program)
     for op in list(program.ops):
-        if not is_sharding_constraint(op) or op.results[0].sharding is None:
+        if not op.is_sharding_constraint or op.results[0].sharding is None:
             continue
         _hand_chain_tail_to_readers(program, op)
         _apply(program, op.operands[0], op.results[0].sharding, asked, op, _itself(op))
@@ -73,7 +64,7 @@ def _asked_shardings(program: Program) -> dict[Reader, list[TensorSharding]]:
     """Per value, the shardings its constraints and manual computations ask of it."""
     asked: dict[Reader, list[TensorSharding]] = {}
     for op in program.ops:
-        if is_sharding_constraint(op) and op.results[0].sharding is not None:
+        if op.is_sharding_constraint and op.results[0].sharding is not None:
             asked.setdefault(_reader_of(op.operands[0], op), []).append(op.results[0].sharding)
     for manual in program.manual:
         for j, arg in enumerate(manual.arguments):
@@ -153,14 +144,14 @@ def _shape_of(value: Value) -> ArrayShape:
 
 def _hand_chain_tail_to_readers(program: Program, head: Op) -> None:
     value = head.operands[0]
-    if value.sharding is not None or (value.defining is not None and is_sharding_constraint(value.defining)):
+    if value.sharding is not None or (value.defining is not None and value.defining.is_sharding_constraint):
         return
-    if any(is_sharding_constraint(op) for op in value.uses if op is not head):
+    if any(op.is_sharding_constraint for op in value.uses if op is not head):
         return
     tail = head
-    while len(tail.results[0].uses) == 1 and is_sharding_constraint(tail.results[0].uses[0]):
+    while len(tail.results[0].uses) == 1 and tail.results[0].uses[0].is_sharding_constraint:
         tail = tail.results[0].uses[0]
-    if tail is head or any(is_sharding_constraint(op) for op in tail.results[0].uses):
+    if tail is head or any(op.is_sharding_constraint for op in tail.results[0].uses):
         return
     result = tail.results[0]
     position = {id(op): k for k, op in enumerate(program.ops)}

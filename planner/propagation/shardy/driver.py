@@ -52,11 +52,7 @@ def rule_of(op: Op, conservative: bool, program: Program) -> OpShardingRule | No
     if op.rule_known:
         return op.rule
     op.rule_known = True
-    if op.kind in (EDGE, BARRIER, CONSTRAINT) or (
-        op.inst is not None
-        and op.inst.opcode == "custom-call"
-        and op.inst.attr("custom_call_target") == SHARDING_CONSTRAINT
-    ):
+    if op.kind in (EDGE, BARRIER, CONSTRAINT) or op.is_sharding_constraint:
         dims = op.results[0].dims
         op.rule = pointwise_rule(dims or (), len(op.operands), 1) if dims is not None else None
         return op.rule

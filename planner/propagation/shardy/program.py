@@ -130,6 +130,16 @@ class Op:
     before: Callable[[TensorSharding | None], TensorSharding | None] | None = None
     after: Callable[[TensorSharding], TensorSharding] | None = None
 
+    @property
+    def is_sharding_constraint(self) -> bool:
+        """A `Sharding` custom call the module writes (`sdy.sharding_constraint`), not an edge of its value."""
+        return (
+            self.kind is not EDGE
+            and self.inst is not None
+            and self.inst.opcode == "custom-call"
+            and self.inst.attr("custom_call_target") == SHARDING_CONSTRAINT
+        )
+
     def __repr__(self) -> str:
         return f"Op({self.kind} {self.name})"
 
