@@ -7,6 +7,7 @@ equal them, a memory error lies in the memory model, not in propagation.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,28 @@ def partitioner_made(entry: dict[str, str]) -> bool:
     return "windowed_dot_general" in entry.get("body", "")
 
 
+_CLONE_SUFFIX = re.compile(r"(\.clone(\.\d+)?)+$")
+
+
+def one_per_function(loops: list[Any], shapes: dict[str, Shape]) -> list[Any]:
+    """`loops` with the copies `flatten-call-graph` made for a kept call's other call sites left out where
+    they carry what the first copy carries.
+
+    A callee kept as a call (XLA:TPU's large shared callees) is one computation in XLA's partitioned module
+    for all its call sites that share its shardings (Shardy's `sdy-unflatten-call-graph` merges the copies
+    its import made), so its loops are listed once; ours are flattened into one copy per site
+    (`NAME.clone`), each propagated on its own.
+    """
+    seen: set[tuple[str, str, str]] = set()
+    kept = []
+    for loop in loops:
+        key = (_CLONE_SUFFIX.sub("", loop.name), str(shapes[loop.name]), str(loop.sharding))
+        if key not in seen:
+            seen.add(key)
+            kept.append(loop)
+    return kept
+
+
 def while_shape_mismatches(
     prepared: PreparedModule, xla_whiles: list[dict[str, str]], result: PropagationResult | None = None
 ) -> tuple[int, list[str]]:
@@ -45,7 +68,7 @@ def while_shape_mismatches(
     result = result if result is not None else propagate(prepared)
     shapes = {i.name: i.shape for c in prepared.module.computations for i in c}
     xla_whiles = [w for w in xla_whiles if not partitioner_made(w)]
-    ours = [i for i in result.instructions if i.opcode == "while"]
+    ours = one_per_function([i for i in result.instructions if i.opcode == "while"], shapes)
     compared, misses = 0, []
     xla_leaves = []
     for entry in xla_whiles:
@@ -63,8 +86,10 @@ def while_shape_mismatches(
             misses.append(f"{entry['name']}: {len(matches)} loops of arity {len(xla_dims)} in our module")
             continue
         loop = matches[nth] if len(matches) > 1 else matches[0]
-        assert loop.sharding is not None, f"{loop.name} has no sharding"
-        for index, (got, want) in enumerate(zip(per_device_dims(shapes[loop.name], loop.sharding), xla_dims)):
+        # Left without a sharding, a loop is replicated, as XLA's partitioner replicates what has none (a
+        # searchsorted loop in a shard_map body carries local values already).
+        sharding = loop.sharding if loop.sharding is not None else HloSharding.replicate()
+        for index, (got, want) in enumerate(zip(per_device_dims(shapes[loop.name], sharding), xla_dims)):
             compared += 1
             if tuple(got) != tuple(want):
                 misses.append(f"{loop.name} element {index}: ours {list(got)} XLA {list(want)}")

@@ -98,3 +98,25 @@ def test_a_constraint_on_an_ordinary_value_is_applied_to_it() -> None:
     apply_sharding_constraints(program)
     negated = next(v for v in program.values if v.name == "y")
     assert negated.sharding is not None and negated.sharding.to_text() == '<@mesh, [{"a"}]>'
+
+
+def test_the_main_functions_unsharded_results_take_the_returned_sharding_from_jaxlib_0_12_on() -> None:
+    """`sdy-propagate-to-func-results`, as jaxlib 0.12.0.1's own pass runs on a bare module: a main result with
+    no sharding takes its returned value's, one with a sharding keeps it; jaxlib 0.7.1 writes neither."""
+    from planner.propagation.shardy.program import FuncResult
+    from planner.propagation.shardy.propagate_to_func_results import propagate_to_func_results
+    from planner.propagation.shardy.release import ShardyRelease
+    from planner.sharding.shardy import AxisRef, DimSharding, TensorSharding
+
+    replicated = TensorSharding("mesh", (DimSharding(()), DimSharding(())))
+    pinned = TensorSharding("mesh", (DimSharding((AxisRef("a"),)), DimSharding(())))
+    got = {}
+    for release in (ShardyRelease.JAXLIB_0_7, ShardyRelease.JAXLIB_0_12, ShardyRelease.JAXLIB_0_12_1):
+        program = Program({}, release)
+        x, y = (program.new_value(name, ArrayShape("f32", (8, 8))) for name in "xy")
+        x.sharding = y.sharding = replicated
+        program.results = [FuncResult(x, None), FuncResult(y, pinned)]
+        propagate_to_func_results(program)
+        got[release] = [r.sharding for r in program.results]
+    assert got[ShardyRelease.JAXLIB_0_7] == [None, pinned]
+    assert got[ShardyRelease.JAXLIB_0_12] == got[ShardyRelease.JAXLIB_0_12_1] == [replicated, pinned]

@@ -8,7 +8,8 @@ from typing import ClassVar
 
 from planner.hlo.ir.module import HloModule
 from planner.hlo.structure.flatten import flatten_call_graph
-from planner.hlo.structure.inline import inline_calls
+from planner.hlo.structure.inline import inline_calls, inlineable
+from planner.hlo.structure.tpu_call_inliner import tpu_inlineable
 from planner.hlo.text.shardy_import import SHARDY, partitioner_of, to_gspmd
 from planner.prepare.rewrite import Rewrite
 
@@ -53,17 +54,25 @@ class FlattenCallGraph:
 
 @dataclass(frozen=True)
 class CallInlining:
-    """Every `call` inlined, as XLA's CallInliner does before either compiler propagates."""
+    """Every `call` inlined, as XLA's CallInliner does before either compiler propagates; for XLA:TPU
+    (`keeps_shared_callees`), all but the large callees of several call sites its own first inliner keeps
+    (`planner.hlo.structure.tpu_call_inliner`)."""
 
     NAME: ClassVar[str] = "call-inliner"
-    MIRRORS: ClassVar[str] = "xla/service/call_inliner.cc"
+    MIRRORS: ClassVar[str] = "xla/service/call_inliner.cc; libtpu's call-inliner (measured)"
+
+    keeps_shared_callees: bool = False
 
     def run(self, module: HloModule) -> Rewrite:
-        inlined = inline_calls(module)
-        if inlined.module is module:
+        which = tpu_inlineable(module) if self.keeps_shared_callees else None
+        inlined = inline_calls(module, which)
+        # Calls XLA:CPU's inliner would inline that XLA:TPU's keeps (shard_map bodies are kept by both).
+        kept = sum(1 for comp in inlined.module.computations for inst in comp if inlineable(inst))
+        if inlined.module is module and not kept:
             return Rewrite(module)
         calls = sum(1 for name in inlined.aliases if "@" not in name and name in _call_names(module))
-        return Rewrite(inlined.module, inlined.aliases, f"{calls} calls inlined")
+        summary = f"{calls} calls inlined" + (f", {kept} kept as calls of shared callees" if kept else "")
+        return Rewrite(inlined.module, inlined.aliases, summary)
 
 
 def _call_names(module: HloModule) -> set[str]:

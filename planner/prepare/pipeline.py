@@ -47,6 +47,8 @@ from planner.targets import Backend
 from planner.targets import backend as backend_of
 
 FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining(), FlattenCallGraph())
+# XLA:TPU's own first call inliner keeps large callees of several call sites as calls (`CallInlining`).
+TPU_FRONT_PASSES: tuple[ModulePass, ...] = (ShardyImport(), CallInlining(keeps_shared_callees=True), FlattenCallGraph())
 
 # XLA:TPU's passes before its partitioner that change what propagation decides, in its order (its
 # dump of an LM step, pass by pass): the embedding-free cross-entropy gradient rewritten, 64-bit
@@ -170,12 +172,12 @@ def prepare(
     if partitioner_of(module) == SHARDY and not pass_input:
         # Shardy propagates the module as the compiler's passes leave it, Shardy's attributes and all;
         # everything after propagation reads that module as GSPMD's (`prepare.front.ShardyImport`).
-        shardy_front, aliases, records = _run(module, (CallInlining(), FlattenCallGraph()))
+        shardy_front, aliases, records = _run(module, _front_passes(backend)[1:])
         front = ShardyImport().run(shardy_front).module
         return _target_passes(
             module, front, backend, mesh, options, aliases, records, warnings, disabled, shardy_front=shardy_front
         )
-    front, aliases, records = _run(module, (ShardyImport(),) if pass_input else FRONT_PASSES)
+    front, aliases, records = _run(module, (ShardyImport(),) if pass_input else _front_passes(backend))
     if pass_input:
         return PreparedModule(module, front, front, backend, mesh, options, aliases, while_loops(front),
                               tuple(records), warnings)  # fmt: skip
@@ -311,6 +313,10 @@ def _run(module: HloModule, passes: Sequence[ModulePass]) -> tuple[HloModule, di
 def pass_name(p: ModulePass) -> str:
     """The compiler's name for the pass (a fixed point of several goes by its pipeline's name)."""
     return p.name if isinstance(p, FixedPoint) else p.NAME
+
+
+def _front_passes(backend: Backend) -> tuple[ModulePass, ...]:
+    return TPU_FRONT_PASSES if backend.compiler == "tpu" else FRONT_PASSES
 
 
 def _front_records(prepared: PreparedModule) -> int:

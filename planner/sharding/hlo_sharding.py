@@ -35,10 +35,14 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from planner.sharding.tile_assignment import Iota, TileAssignment
+
+if TYPE_CHECKING:
+    from planner.sharding.named_text import NamedSharding
 
 
 class Kind(Enum):
@@ -78,6 +82,10 @@ class HloSharding:
     shard_group: ShardGroup | None = None
     # Verbatim `{op_name=...}` entries; not part of equality.
     metadata: tuple[str, ...] = ()
+    # The Shardy sharding the text wrote natively (`{mesh['x'=4], [{'x'}, {?}]}`), read once by the parser so
+    # Shardy's reader never parses it again; None for a sharding written the classic way. Not part of
+    # equality: it places data as the HloSharding does.
+    named: NamedSharding | None = field(default=None, compare=False, repr=False)
     # Derived once at construction: propagation compares and ranks shardings
     # millions of times.
     _data_rank: int = field(init=False, repr=False, compare=False, default=0)

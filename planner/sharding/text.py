@@ -9,6 +9,7 @@ tuple of such shardings. Printing is `HloSharding.to_text()`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from functools import lru_cache
@@ -157,7 +158,7 @@ def _parse_named(cursor: Cursor, open_pos: int) -> HloSharding:
     cursor.expect("{", "to open a sharding")
     named = read_named_body(cursor)
     try:
-        return named_to_hlo(named)
+        return dataclasses.replace(named_to_hlo(named), named=named)
     except ValueError as e:
         cursor.fail(f"the named sharding has no HloSharding: {e}", open_pos)
 

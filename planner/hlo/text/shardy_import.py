@@ -35,7 +35,7 @@ from planner.hlo.ir.shapes import ArrayShape, TupleShape
 from planner.hlo.text.mesh_inference import infer_mesh, named_meshes
 from planner.mesh import Mesh
 from planner.sharding.hlo_sharding import HloSharding, ShardGroup
-from planner.sharding.named_text import NamedSharding, parse_named_sharding
+from planner.sharding.named_text import NamedSharding
 from planner.sharding.partition_spec import spec_axes, spec_from_sharding
 from planner.sharding.shardy import AxisRef, DimSharding, SdyMesh, TensorSharding, to_hlo_sharding
 
@@ -79,11 +79,12 @@ def _undeclared_mesh(module: HloModule) -> dict[str, SdyMesh]:
 
 def named_shardings(inst: Instruction) -> tuple[NamedSharding | None, ...]:
     """The Shardy shardings `inst`'s `sharding=` writes natively, one per result (None for a result written
-    the classic way); empty when it has no sharding."""
-    for a in inst.attributes:
-        if a.key == "sharding":
-            return parse_named_sharding(a.text)
-    return ()
+    the classic way; one sharding on a tuple stands for every element, as in XLA); empty when it has no
+    sharding. Read from the typed sharding the parser made (`HloSharding.named`), never from its text."""
+    sharding = inst.sharding
+    if sharding is None:
+        return ()
+    return tuple(element.named for element in (sharding.elements if sharding.is_tuple else (sharding,)))
 
 
 def shardy_constraint(

@@ -15,13 +15,15 @@ from planner.propagation.shardy.close_shardings import close_shardings
 from planner.propagation.shardy.constant_splitting import split_constants
 from planner.propagation.shardy.manual_axes_cleanup import manual_axes_cleanup
 from planner.propagation.shardy.program import Program
+from planner.propagation.shardy.propagate_to_func_results import propagate_to_func_results
 from planner.propagation.shardy.remove_size_one_axes import remove_size_one_axes
 from planner.propagation.shardy.update_non_divisible_io import update_non_divisible_io
 
 Pass = Callable[[Program], None]
 
 # Shardy's name for each pass, in the order its pipeline runs them (`import_pipeline.cc`, then the
-# propagation pipeline's own `sdy-apply-sharding-constraints`; `export_pipeline.cc`).
+# propagation pipeline's own `sdy-apply-sharding-constraints`; after propagation the pipeline's own
+# `sdy-propagate-to-func-results`, then `export_pipeline.cc`).
 IMPORT_PASSES: tuple[tuple[str, Pass], ...] = (
     ("sdy-remove-size-one-axes", remove_size_one_axes),
     ("sdy-constant-or-scalar-splitter", split_constants),
@@ -29,6 +31,7 @@ IMPORT_PASSES: tuple[tuple[str, Pass], ...] = (
     ("sdy-apply-sharding-constraints", apply_sharding_constraints),
 )
 EXPORT_PASSES: tuple[tuple[str, Pass], ...] = (
+    ("sdy-propagate-to-func-results", propagate_to_func_results),
     ("sdy-update-non-divisible-input-output-shardings", update_non_divisible_io),
     ("sdy-close-shardings", close_shardings),
 )

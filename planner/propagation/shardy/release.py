@@ -54,6 +54,16 @@ class RegistryTraits:
     unknown_targets: frozenset[str]
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineTraits:
+    """What one release's `sdy-propagation-pipeline` does its own way around propagation, one field per change."""
+
+    # `sdy-propagate-to-func-results` writes the main function's unsharded results too (the returned
+    # value's sharding): jaxlib 0.12.0.1 and 0.12.1 do, as their own pass shows on a bare module; a0277a83's
+    # sources skip main, and jaxlib 0.7.1's pipeline has no such pass.
+    main_results_from_terminator: bool
+
+
 class ShardyRelease(enum.Enum):
     """A Shardy whose rules the registry knows, keyed by the version of the first jaxlib that carries it."""
 
@@ -69,6 +79,11 @@ class ShardyRelease(enum.Enum):
     def traits(self) -> RegistryTraits:
         """How this release writes the rules that changed."""
         return _TRAITS[self]
+
+    @property
+    def pipeline(self) -> PipelineTraits:
+        """What this release's pipeline does its own way around propagation."""
+        return _PIPELINE[self]
 
     @property
     def shardy(self) -> str:
@@ -163,3 +178,9 @@ _TRAITS = {
     ),
 }
 _TRAITS[ShardyRelease.JAXLIB_0_12_1] = replace(_TRAITS[ShardyRelease.JAXLIB_0_12], unknown_targets=_DROPPED_IN_0_12_1)
+
+_PIPELINE = {
+    ShardyRelease.JAXLIB_0_7: PipelineTraits(main_results_from_terminator=False),
+    ShardyRelease.JAXLIB_0_12: PipelineTraits(main_results_from_terminator=True),
+    ShardyRelease.JAXLIB_0_12_1: PipelineTraits(main_results_from_terminator=True),
+}
