@@ -155,16 +155,16 @@ def rule_at(case: dict[str, Any], location: str, release: ShardyRelease) -> str 
     """The rule `release`'s registry gives the op at `location` of `case`, as Shardy prints it."""
     module = converted(case["module"])
     comp, inst = op_instruction(module, location)
-    rule = sharding_rule(
-        inst,
-        operand_shapes(comp, inst, location),
-        inst.shape.leaves(),
-        conservative=conservative(case),
-        computation=comp,
-        module=module,
-        release=release,
-    )
-    return text_of(rule)
+    return rule_text(module, comp, inst, location, conservative(case), release)
+
+
+def rule_text(
+    module: HloModule, comp: Computation, inst: Instruction, location: str, conservative: bool, release: ShardyRelease
+) -> str | None:
+    """The rule `release`'s registry gives `inst`, the op at `location`, as Shardy prints it."""
+    operands = operand_shapes(comp, inst, location)
+    return text_of(sharding_rule(inst, operands, inst.shape.leaves(), conservative=conservative, computation=comp,
+                                 module=module, release=release))  # fmt: skip
 
 
 def assert_no_rule_anywhere(case: dict[str, Any], release: ShardyRelease) -> None:

@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 from conftest import SHARED
-from test_shardy_rules import case_id, operand_shapes, text_of
+from test_shardy_rules import case_id, rule_text
 
 from planner import parse_hlo
 from planner.hlo.ir.module import Computation, HloModule, Instruction
 from planner.hlo.text.stablehlo_text import read_stablehlo
-from planner.propagation.shardy.registry import sharding_rule
 from planner.propagation.shardy.release import ShardyRelease
 
 RELEASE = ShardyRelease.JAXLIB_0_12
@@ -121,16 +120,8 @@ def _params() -> list[Any]:
 @pytest.mark.parametrize(("case", "location", "printed"), _params())
 def test_our_rule_equals_the_one_jaxlib_prints(case: dict[str, Any], location: str, printed: PrintedRule) -> None:
     module, comp, inst = _instruction(case_id(case), location)
-    rule = sharding_rule(
-        inst,
-        operand_shapes(comp, inst, location),
-        inst.shape.leaves(),
-        conservative=_conservative(case),
-        computation=comp,
-        module=module,
-        release=RELEASE,
-    )
-    assert text_of(rule) == printed.rule, printed.op
+    rule = rule_text(module, comp, inst, location, _conservative(case), RELEASE)
+    assert rule == printed.rule, printed.op
 
 
 def test_every_op_kind_of_the_lit_files_is_asked() -> None:
