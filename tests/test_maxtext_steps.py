@@ -1,6 +1,6 @@
 """MaxText's train steps, compiled for TPU topologies ahead of time by MaxText's own `train_compile`
 (`python -m fidelity.run_maxtext`, MaxText 0.2.5; jax 0.12 and libtpu 0.0.50 here, jax 0.12.1 and libtpu
-0.0.52 under `libtpu_0_0_52/`; each record's `argv` is the command and its reduced layer count), planned
+0.0.52 under `libtpu_0_0_52/` (Llama 3 8B, Gemma 2 2B, Mixtral 8x7B at 2 layers); each record's `argv` is the command and its reduced layer count), planned
 from all three forms a user has: XLA's dump of the compile, `lowered.as_text(dialect="hlo")` and the
 StableHLO text. Each step is prepared as the libtpu that compiled it (`absent_passes`).
 
