@@ -11,7 +11,7 @@ before that they belong to the edges.
 from __future__ import annotations
 
 from planner.hlo.ir.module import Instruction
-from planner.propagation.shardy.program import BARRIER, EDGE, RULE, Program, Value
+from planner.propagation.shardy.program import BARRIER, CONSTRAINT, EDGE, RULE, Program, Value
 from planner.sharding.shardy import DimSharding, TensorSharding
 
 
@@ -47,7 +47,12 @@ def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bo
     for i, result in enumerate(program.results):
         if result.sharding is not None:
             out[f"@result:{i}"] = sharding_text(result.sharding)
+    # The splitter's copies of one constant share its location, and Shardy prints them in the order of the
+    # uses they serve: the first one printed with a sharding is the one the location names.
+    split = set(program.split_from) | {original.index for original in program.split_from.values()}
     for op in program.ops:
+        if op.kind is RULE and any(r.index in split for r in op.results) and op.loc in out:
+            continue
         if op.kind in (RULE, BARRIER):
             is_constraint = op.is_sharding_constraint
             # A constraint (and the reshard the export makes of it) prints its one sharding.
@@ -61,6 +66,11 @@ def expectations(program: Program, edges_sunk: bool, constraints_as_reshards: bo
             text = per_value_text(op.results, closed=constraints_as_reshards)
             if text is not None:
                 out[op.loc] = text
+    for op in program.ops:
+        # A constraint the import adds (an open one per member of a sharding group written with different
+        # shardings) is printed at the location Shardy gives it, where no op of the module's own is.
+        if op.kind is CONSTRAINT and op.results[0].sharding is not None:
+            out.setdefault(op.loc, sharding_text(op.results[0].sharding))
     for manual in program.manual:
         # Until the edges are sunk, the edges hold what propagation found and the op keeps what was written.
         ins = manual.current_in_shardings() if edges_sunk else manual.in_shardings

@@ -330,9 +330,8 @@ def _read_through_open_constraint(program: Program, member: Value, like: TensorS
     result.instruction = member.instruction
     result.sharding = opened
     program.values.append(result)
-    op = Op(
-        CONSTRAINT, f"{member.name}.group", member.defining.loc if member.defining else member.name, [member], [result]
-    )
+    # Shardy writes the constraint at the member's own location (`member.getLoc()`, sharding_group_map.cc).
+    op = Op(CONSTRAINT, f"{member.name}.group", program.location_of(member), [member], [result])
     for user in member.uses:
         user.operands = [result if v is member else v for v in user.operands]
     result.uses, member.uses = member.uses, [op]

@@ -220,6 +220,18 @@ class Program:
         default_factory=dict
     )
 
+    def location_of(self, value: Value) -> str:
+        """Where `value` is written (MLIR's `Value::getLoc`): its defining op's location, a block argument's
+        own (a parameter's, kept by the converter as its metadata `op_name`), else its name."""
+        if value.defining is not None:
+            return value.defining.loc
+        if self.module is not None:
+            for comp in self.module.computations:
+                if value.instruction in comp:
+                    metadata = comp[value.instruction].metadata
+                    return metadata.op_name if metadata is not None and metadata.op_name else value.name
+        return value.name
+
     def mesh_of(self, sharding: TensorSharding) -> SdyMesh:
         """The mesh `sharding` names (or writes inline)."""
         return sharding.mesh if isinstance(sharding.mesh, SdyMesh) else self.meshes[sharding.mesh]
