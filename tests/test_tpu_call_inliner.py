@@ -113,3 +113,60 @@ def test_the_model_keeps_the_calls_libtpu_keeps() -> None:
     kept_by_xla = [r["kept_by_xla"] for r in results]
     assert kept_by_xla == [0, 2, 0, 2, 0, 2, 0, 3]
     assert [r["kept_by_planner"] for r in results] == kept_by_xla
+
+
+_LOOP_CALLEE = """HloModule loops, num_partitions=1
+
+cond {
+  p = (s32[], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(4)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[8] get-tuple-element(p), index=1
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  y = f32[8] negate(x)
+  ROOT t = (s32[], f32[8]) tuple(j, y)
+}
+
+callee {
+  x = f32[8] parameter(0)
+NEGATES
+  z = s32[] constant(0)
+  init = (s32[], f32[8]) tuple(z, c17)
+  w = (s32[], f32[8]) while(init), condition=cond, body=body
+  ROOT r = f32[8] get-tuple-element(w), index=1
+}
+
+ENTRY main {
+  a0 = f32[8] parameter(0)
+  a1 = f32[8] parameter(1)
+  s0 = f32[8] call(a0), to_apply=callee
+  s1 = f32[8] call(a1), to_apply=callee
+  ROOT r = f32[8] add(s0, s1)
+}
+""".replace("NEGATES", "\n".join(f"  c{k} = f32[8] negate({'x' if k == 0 else f'c{k - 1}'})" for k in range(18)))
+
+
+def test_a_kept_callees_copies_hold_its_loop_once_as_xlas_partitioned_module_does() -> None:
+    """Two call sites of a kept callee are two copies here (one per site, flatten-call-graph) and one
+    function in XLA's partitioned module: their loops, alike, are counted once."""
+    from fidelity.agreement import one_per_function
+    from planner.propagation import propagate
+
+    prepared = prepare(parse_hlo(_LOOP_CALLEE), "v6e")
+    result = propagate(prepared)
+    loops = [i for i in result.instructions if i.opcode == "while"]
+    shapes = {i.name: i.shape for c in prepared.module.computations for i in c}
+    assert len(loops) == 2
+    assert len(one_per_function(loops, shapes)) == 1
+    # On XLA:CPU every call is inlined: the two loops are two loops of one computation.
+    cpu = prepare(parse_hlo(_LOOP_CALLEE), "cpu")
+    cpu_loops = [i for i in propagate(cpu).instructions if i.opcode == "while"]
+    cpu_shapes = {i.name: i.shape for c in cpu.module.computations for i in c}
+    assert len(one_per_function(cpu_loops, cpu_shapes)) == 2
