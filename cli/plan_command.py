@@ -187,6 +187,11 @@ def _render_verdict(plan: Plan) -> list[str]:
         f"  HBM per chip: {format_bytes(hbm.total_before)} -> {format_bytes(hbm.total_after)}{capacity} "
         f"(saves {format_bytes(hbm.total_before - hbm.total_after)}{compiler})"
     )
+    if hbm.host_before or hbm.host_after:
+        lines.append(
+            f"  host memory per chip (offloaded, not HBM): {format_bytes(hbm.host_before)} -> "
+            f"{format_bytes(hbm.host_after)}"
+        )
     groups = chip_groups(plan)
     shown = groups[:MAX_CHIP_GROUPS]
     for g in shown:

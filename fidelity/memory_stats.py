@@ -22,11 +22,14 @@ MEMORY_FIELDS = (
     "alias_size_in_bytes",
     "generated_code_size_in_bytes",
 )
+# Host memory (host offload): what XLA:TPU's buffer assignment places in host memory space 5.
+HOST_FIELDS = ("host_argument_size_in_bytes", "host_output_size_in_bytes", "host_temp_size_in_bytes")
 
 
 def memory_record(stats: Any) -> dict[str, int]:
     """`compiled.memory_analysis()` as a dict, with `total_bytes` = argument + output + temp - alias."""
     memory = {k: int(getattr(stats, k)) for k in MEMORY_FIELDS}
+    memory.update({k: int(getattr(stats, k, 0) or 0) for k in HOST_FIELDS})
     memory["total_bytes"] = (
         memory["argument_size_in_bytes"]
         + memory["output_size_in_bytes"]

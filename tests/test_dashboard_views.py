@@ -153,3 +153,12 @@ def test_hovering_a_timeline_names_what_runs_there_and_the_bytes_live() -> None:
         at_peak = [s.text for s in chart.strips if series.positions[series.peak_index] in s.text]
         assert at_peak and any(f"before: {human_bytes(peak)} live" in t for t in at_peak), at_peak[:2]
         assert all("after the plan: " in s.text for s in chart.strips) == (chart.computation in after)
+
+
+def test_host_memory_shows_beside_hbm_only_where_the_step_offloads(client: TestClient) -> None:
+    plain = page(client, "no-offload", with_verdict(plan_on("fsdp=4,tp=2", 8)))
+    assert 'id="host-memory"' not in plain
+    offloading = with_verdict(plan_on("fsdp=4,tp=2", 8))
+    offloading.hbm.host_before = offloading.hbm.host_after = 4864 << 20
+    html = page(client, "offload", offloading)
+    assert 'id="host-memory"' in html and "4.8 GiB" in html and "not HBM" in html

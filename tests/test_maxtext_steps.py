@@ -1,6 +1,7 @@
 """MaxText's train steps, compiled for TPU topologies ahead of time by MaxText's own `train_compile`
 (`python -m fidelity.run_maxtext`, MaxText 0.2.5; jax 0.12 and libtpu 0.0.50 here, jax 0.12.1 and libtpu
-0.0.52 under `libtpu_0_0_52/` (Llama 3 8B, Gemma 2 2B, Mixtral 8x7B at 2 layers); each record's `argv` is the command and its reduced layer count), planned
+0.0.52 under `libtpu_0_0_52/` (Llama 3 8B, Gemma 2 2B, Mixtral 8x7B at 2 layers, Llama 3 8B at its full 32
+layers with `remat_policy=minimal_offloaded`); each record's `argv` is the command and its reduced layer count), planned
 from all three forms a user has: XLA's dump of the compile, `lowered.as_text(dialect="hlo")` and the
 StableHLO text. Each step is prepared as the libtpu that compiled it (`absent_passes`).
 
@@ -118,6 +119,27 @@ def test_a_maxtext_steps_bytes_and_verdict_against_xla_tpu(name: str) -> None:
         # Only a step whose real need is within the verdict's margin of the chip may be too close to call.
         assert ours_call == (FITS if compiled else DOES_NOT_FIT), (ours_call, xla, capacity)
     assert ours_call != (DOES_NOT_FIT if compiled else FITS), (ours_call, compiled)
+
+
+# Steps whose remat policy offloads activations to host memory: XLA:TPU's host allocation is recorded.
+OFFLOADING = [n for n in STEPS if _record(n)["tpu"].get("memory", {}).get("host_temp_size_in_bytes")]
+
+
+def test_the_grid_holds_an_offloading_step_at_full_layer_count() -> None:
+    assert any(_record(n)["layers"] == 32 for n in OFFLOADING), OFFLOADING
+
+
+@pytest.mark.parametrize("name", OFFLOADING)
+def test_host_memory_is_what_xla_tpu_allocates_there_and_hbm_leaves_it_out(name: str) -> None:
+    """Offloaded residuals are XLA:TPU's host memory (its buffer assignment's memory space 5), not HBM: as
+    measured, Llama 3 8B at 32 layers with `minimal_offloaded`, 4,864 MiB per chip to the byte."""
+    record = _record(name)
+    prepared = _prepare(name, "hlo.gz", record)
+    report = memory_report(prepared, result=propagate(prepared))
+    xla_host = record["tpu"]["memory"]["host_temp_size_in_bytes"]
+    assert abs(report.host_bytes - xla_host) <= 0.10 * xla_host, (report.host_bytes, xla_host)
+    xla, _ = reference_bytes(record)
+    assert report.total_bytes < xla + 0.5 * xla_host, "the offloaded bytes are counted in HBM"
 
 
 @pytest.mark.parametrize("name", STEPS)

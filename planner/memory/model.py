@@ -60,6 +60,8 @@ class MemoryEstimate:
     on_chip_bytes: int = 0
     # Each While body's peak of its own buffers, added at its While's position.
     body_peak_bytes: dict[str, int] = field(default_factory=dict)
+    # Bytes per device in host memory at their peak (host offload), beside the HBM the totals count.
+    host_bytes: int = 0
     # The module the positions above refer to (None: as given): the given one with its remaining calls
     # inlined and, for a compiler that schedules for memory, its computations in the order measured.
     scheduled: HloModule | None = None
@@ -145,6 +147,7 @@ def _estimate_in_order(
     accumulators: list[tuple[tuple[str, str], int, str, ArrayShape, HloSharding | None, int]] = []
     body_peaks: dict[str, int] = {}
     by_key: dict[Value, Buffer] = {}
+    host_keys = {uf.find(v) for v in model.host_starts}
     for key, members in groups.items():
         allocating = [v for v in members if v in model.allocating]
         if not allocating:
@@ -161,7 +164,9 @@ def _estimate_in_order(
         label = f"{carried[0][1]}[{carried[0][2]}]" if carried else first[1]
         shape, sharding = model.info[first]
         category = "temporary"
-        if any(v[0] == entry.name and model.is_parameter(v) for v in allocating):
+        if key in host_keys:
+            category = HOST
+        elif any(v[0] == entry.name and model.is_parameter(v) for v in allocating):
             category = "parameter"
         elif key in root_values:
             category = "output"
@@ -251,7 +256,7 @@ def _estimate_in_order(
     # holds each body's peak (its buffers live there, its nested Whiles' holders) is kept for the report.
     body_held: dict[str, list[Buffer]] = {}
     for comp_name in _innermost_first(module, model.body_of):
-        local = [b for b in buffers if b.start < 0 and b.computation == comp_name]
+        local = [b for b in buffers if b.start < 0 and b.computation == comp_name and b.category != HOST]
         spans = communication.get(comp_name, [])
         made = [_span_buffer(-1, span, comp_name, -1, -1, backend) for span in spans]
         transient = [(span.start, span.end, b.size_bytes) for span, b in zip(spans, made)]
@@ -283,9 +288,14 @@ def _estimate_in_order(
         for k, (leaf, s) in enumerate(zip(array_leaves(entry.root.shape), root_shardings))
         if k in model.outputs_in_parameters
     )
+    # Host memory: the offloaded buffers live together at their own peak, the entry's, plus what a body
+    # offloads for itself.
+    host = [b for b in buffers if b.category == HOST]
+    host_peak, _ = peak_of_spans([(b.start, b.end, b.size_bytes) for b in host if b.start >= 0], end_position, {})
+    host_peak += sum(b.size_bytes for b in host if b.start < 0)
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
                               on_chip_bytes=on_chip, body_peak_bytes=body_peaks,
-                              fused=frozenset(model.fused))  # fmt: skip
+                              fused=frozenset(model.fused), host_bytes=host_peak)  # fmt: skip
     estimate.peak_temporaries = sorted(peak_temporaries, key=lambda b: -b.size_bytes)
     estimate.outputs = _output_buffers(entry, root_keys, root_shardings, by_key, model.outputs_in_parameters)
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))
@@ -298,6 +308,7 @@ def _estimate_in_order(
 
 
 WIDENED = "XLA:CPU computes bf16 work in f32"
+HOST = "host"  # a buffer XLA's host offloader places in host memory
 
 
 def _held(shape: ArrayShape, sharding: HloSharding | None) -> ArrayShape:

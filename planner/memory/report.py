@@ -84,6 +84,8 @@ class MemoryReport:
     num_holders: int = 0
     unmodelled: tuple[Unmodelled, ...] = ()
     error_band: ErrorBand | None = None
+    # Per device in host memory at its peak (host offload: `planner.memory.host_offload`), not in the HBM above.
+    host_bytes: int = 0
 
     @property
     def peak_chip_bytes(self) -> int:
@@ -235,6 +237,7 @@ def _report(
         num_holders=len(holders),
         unmodelled=unmodelled,
         error_band=error_band(prepared.compiler),
+        host_bytes=estimate.host_bytes,
     )
 
 
@@ -249,6 +252,8 @@ def render_memory(report: MemoryReport) -> str:
         f"  temporaries  {mib(report.temp_bytes):>14}  (peak of buffers live at once)",
         f"  total        {mib(report.total_bytes):>14}",
     ]
+    if report.host_bytes:
+        lines.append(f"  host memory  {mib(report.host_bytes):>14}  (offloaded: held in the host's memory, not in HBM)")
     if report.capacity_bytes is not None:
         over = [str(c) for c in report.over_capacity()]
         total = len(report.per_chip_bytes)

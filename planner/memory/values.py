@@ -25,6 +25,7 @@ from planner.memory.buffers import (
     sharding_of,
 )
 from planner.memory.donation import outputs_in_parameter_buffers
+from planner.memory.host_offload import TO_DEVICE, TO_HOST, movement, offload_starts
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
 
@@ -72,6 +73,9 @@ class ValueModel:
         # the fused instruction itself (measured: reading at the consumers moved the CPU grid's GPT-2
         # Shardy step from -1.5% to +13.7% of XLA:CPU's bytes).
         self.fused: set[tuple[str, str]] = set()
+        # Where host offload starts (`planner.memory.host_offload`): every buffer sharing one of these is
+        # in host memory.
+        self.host_starts: list[Value] = []
         # Output leaves written into a parameter's buffer (aliased or paired with a donor): not buffers of
         # their own, and subtracted from the total as XLA's alias bytes.
         self.outputs_in_parameters: set[int] = set()
@@ -89,6 +93,8 @@ class ValueModel:
             comp = self.module.computation(name)
             for inst in comp.instructions:
                 self._define(comp, inst)
+                if self.accelerator and movement(inst) == TO_HOST:
+                    self.host_starts += [self.value(comp.name, start, 0) for start, _ in offload_starts(comp, inst)]
         self.outputs_in_parameters = outputs_in_parameter_buffers(self.module, self.result)
         self._outputs_reuse_dying_operands()
 
@@ -192,6 +198,15 @@ class ValueModel:
                     self._view(global_value, local_value)
                 else:
                     self.allocating.add(local_value)
+        elif (
+            self.accelerator
+            and (moving := movement(inst)) is not None
+            and (moving == TO_DEVICE or offload_starts(comp, inst)[0][1])
+        ):
+            # Host offload (an accelerator's: XLA:CPU has no host memory space of its own): the slice a
+            # MoveToHost writes into a host buffer is written from where it is, and a MoveToDevice's value is
+            # the slice read back (`planner.memory.host_offload`).
+            self._view(self.value(comp.name, operands[0].name, 0), self.value(comp.name, inst.name, 0))
         elif op == "opt-barrier":
             # XLA's dataflow forwards the operand's buffers through the barrier, leaf by leaf.
             for i in range(len(leaves)):

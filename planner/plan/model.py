@@ -198,6 +198,8 @@ class HbmInfo(BaseModel):
     breakdown_after: dict[str, int]
     top_buffers_before: list[BufferInfo] = Field(default_factory=list, description="largest buffers live at the peak")
     top_buffers_after: list[BufferInfo] = Field(default_factory=list)
+    host_before: int = Field(default=0, description="bytes per chip in host memory (host offload), not in HBM")
+    host_after: int = 0
 
     @property
     def saved_bytes(self) -> int:

@@ -291,6 +291,8 @@ def _make_plan(
                 breakdown_after=after.memory.breakdown,
                 top_buffers_before=[_buffer(b, names) for b in before.memory.top_buffers],
                 top_buffers_after=[_buffer(b, names) for b in after.memory.top_buffers],
+                host_before=before.memory.host_bytes,
+                host_after=after.memory.host_bytes,
             ),
             findings=[_finding(before, after, f, axes, names, only_here.get(f.key)) for f in findings],
             conflicts=[
