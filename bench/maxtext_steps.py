@@ -103,6 +103,28 @@ def spread(found: list[dict[str, object]]) -> str:
             f"worst {100 * errors[-1]:.1f}%")  # fmt: skip
 
 
+def calibration(found: list[dict[str, object]]) -> str:
+    """How often the verdict's band holds the truth on a step it was not measured on: each step's band is the
+    other steps' signed errors (both partitioners, as `band_of` pools MaxText's), widened by the margin."""
+    from planner.plan.verdict import VERDICT_MARGIN
+
+    errors = [
+        (str(r["step"]), (int(r["ours_bytes"]) - int(r["xla_bytes"])) / int(r["xla_bytes"]))  # type: ignore[call-overload]
+        for r in found
+        if r["form"] == FORMS[0] and "ours_bytes" in r
+    ]
+    if len(errors) < 2:
+        return "too few steps to calibrate the band"
+    inside = []
+    for step, error in errors:
+        others = [e for s, e in errors if s != step]
+        low, high = min(0.0, min(others)) - VERDICT_MARGIN, max(0.0, max(others)) + VERDICT_MARGIN
+        inside.append(low <= error <= high)
+    missed = [step for (step, _), ok in zip(errors, inside) if not ok]
+    return (f"band calibration (leave one out): the truth falls inside on {sum(inside)} of {len(errors)} steps"
+            + (f"; outside on {', '.join(missed)}" if missed else ""))  # fmt: skip
+
+
 def write_bands(found: list[dict[str, object]], directory: Path) -> str:
     """Record the signed errors (one form per step) as XLA:TPU's `partitioner/maxtext` bands."""
     from fidelity.sweep import record_bands
@@ -128,6 +150,7 @@ def main() -> int:
     print(table(found))
     print()
     print(spread(found))
+    print(calibration(found))
     if "--write" in sys.argv[1:]:
         print(write_bands(found, directory))
     return 0

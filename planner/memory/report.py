@@ -159,11 +159,29 @@ def signed_error(compiler: str, kinds: tuple[str, ...]) -> tuple[str, int, float
     bands = json.loads(ACCURACY_FILE.read_text()).get(compiler)
     if bands is None or "under" not in bands:
         return None
+    recorded = bands.get("kinds", {})
     for kind in kinds:
-        own = bands.get("kinds", {}).get(kind)
+        own = recorded.get(kind) if not kind.startswith(ANY_PARTITIONER) else _pooled(recorded, kind)
         if own is not None and own["num_cases"] >= MIN_KIND_CASES:
             return kind, own["num_cases"], own["under"], own["over"]
     return "all", bands["num_cases"], bands["under"], bands["over"]
+
+
+# A kind `*/front end` pools that front end's steps under every partitioner.
+ANY_PARTITIONER = "*/"
+
+
+def _pooled(recorded: dict[str, dict], kind: str) -> dict | None:
+    """Every partitioner's `front end` kind together: their steps, the most under and the most over of them."""
+    front_end = kind.removeprefix(ANY_PARTITIONER)
+    kinds = [own for name, own in recorded.items() if name.endswith(f"/{front_end}")]
+    if not kinds:
+        return None
+    return {
+        "num_cases": sum(own["num_cases"] for own in kinds),
+        "under": min(own["under"] for own in kinds),
+        "over": max(own["over"] for own in kinds),
+    }
 
 
 @functools.cache
