@@ -21,7 +21,7 @@ BIN_JAX := $(VENV_JAX)/bin
 JAX_TODAY_TESTS := tests/test_jax_today.py tests/test_chip_capacity.py tests/test_grid_today.py tests/test_stablehlo_text.py tests/test_stablehlo_releases.py \
 	tests/test_parser_today.py tests/test_shardy_real_steps.py tests/test_shardy_compile.py tests/test_shardy_cases_jax012.py \
 	tests/test_verify_releases.py tests/test_shardy_rules_jax012.py tests/test_shardy_rule_releases.py tests/test_shardy_import_passes.py \
-	tests/test_shardy_rules_every_op.py
+	tests/test_shardy_rules_every_op.py tests/test_tpu_call_inliner.py tests/test_host_offload.py
 
 .PHONY: run test test-jax-today lint chromium postgresql native
 
