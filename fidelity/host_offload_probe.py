@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--width", type=int, default=1024)
     args = parser.parse_args(argv)
+    # libtpu loads once per machine unless told otherwise: the test suites run beside other compiles.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     print(json.dumps(probe(args.topology, args.layers, args.tokens, args.width)), flush=True)
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sites", type=int, default=2)
     parser.add_argument("--shape", choices=SHAPES, default="chain")
     args = parser.parse_args(argv)
+    # libtpu loads once per machine unless told otherwise: the test suites run beside other compiles.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     for count in args.instructions:
         print(json.dumps(probe(args.shape, count, args.sites, args.topology).as_json()), flush=True)
     return 0

@@ -106,8 +106,9 @@ def test_the_model_keeps_the_calls_libtpu_keeps() -> None:
     for shape, instructions, sites in PROBES:
         argv = [sys.executable, "-m", "fidelity.tpu_call_inliner_probe", "--shape", shape, "--sites", str(sites),
                 str(instructions)]  # fmt: skip
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=True)
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert out.returncode == 0, out.stderr[-2000:]
         results += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(PROBES)
     kept_by_xla = [r["kept_by_xla"] for r in results]
