@@ -25,7 +25,7 @@ def plan_job(job: dict[str, Any]) -> dict[str, Any]:
         module = parse_hlo(job["hlo"], source=job["source"])
         mesh = Mesh(**{k: tuple(v) for k, v in job["mesh"].items()}) if job.get("mesh") else None
         manifest = Manifest.model_validate(job["manifest"]) if job.get("manifest") else None
-        prepared = Preparation(job.get("chip") or "cpu", mesh).apply(module)
+        prepared = Preparation(job.get("chip") or "cpu", mesh, libtpu=job.get("libtpu")).apply(module)
         planning = Planning(job.get("capacity_bytes"), job["threshold"], job["min_bytes"], manifest, job["verify"])
         plan, patched = planning.apply(prepared)
     except HloParseError as e:

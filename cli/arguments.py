@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ def chip_arg(text: str) -> str:
         return chip(text).name
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def libtpu_arg(text: str) -> str:
+    """A libtpu release as pip names it (`0.0.52`, `0.0.50.1`)."""
+    if not re.fullmatch(r"\d+(\.\d+){2,3}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a libtpu release (like 0.0.52)")
+    return text
 
 
 def bytes_arg(text: str) -> int:
@@ -63,6 +71,12 @@ def add_module_mesh_and_capacity(p: Any) -> None:
     capacity = p.add_mutually_exclusive_group()
     capacity.add_argument("--chip", type=chip_arg, help=f"chip preset: {', '.join(CHIPS)}")
     capacity.add_argument("--hbm", type=capacity_arg, help="HBM per chip, e.g. 32GiB or 80GB")
+    p.add_argument(
+        "--libtpu",
+        type=libtpu_arg,
+        help="the libtpu release the step is compiled with, e.g. 0.0.52 (default: the installed one, else the newest "
+        "modelled): its passes, memory rules and the references the verdict is drawn from",
+    )
 
 
 def capacity_of(args: argparse.Namespace) -> int | None:

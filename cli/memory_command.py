@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Like `plan --chip`: a chip preset predicts that chip's compiler unless --backend says otherwise.
         backend = args.backend or args.chip or "cpu"
-        prepared = Preparation(backend, args.mesh).apply(module)
+        prepared = Preparation(backend, args.mesh, libtpu=args.libtpu).apply(module)
         result = propagate(prepared)
         # Stacked gradients named as the plan names them (`gradient of params['w_down']`).
         report = memory_report(prepared, capacity_of(args), args.top, result, names=holder_names(prepared, result))

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     # A chip preset predicts that chip's compiler (its pipeline and its memory); without one, XLA:CPU's.
     with terminal_progress():
         note(f"preparing the module as {args.chip or 'cpu'}'s compiler takes it")
-        prepared = Preparation(args.chip or "cpu", args.mesh).apply(module)
+        prepared = Preparation(args.chip or "cpu", args.mesh, libtpu=args.libtpu).apply(module)
         plan, patched = Planning(capacity, args.threshold, args.min_bytes, manifest, args.verify).apply(prepared)
     if args.write_patched:
         try:

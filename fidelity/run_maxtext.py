@@ -159,6 +159,8 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     from planner.plan.compilers.xla_compile import hbm_allocated_bytes
 
     hbm = hbm_allocated_bytes(assignment[-1].read_text()) if assignment else None
+    live_range = _same_module(dump_dir, module.prefix, "*after_optimizations-live-range.txt")
+    heap = heap_record(live_range[-1].read_text(), assignment[-1].read_text()) if assignment and live_range else None
     partitioned = _same_module(dump_dir, module.prefix, "*after_tpu-spmd-partitioning*.txt")
     if not partitioned:
         raise FileNotFoundError(f"no dump after tpu-spmd-partitioning of {module.prefix} in {dump_dir}")
@@ -183,6 +185,7 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
         "tpu": {
             **({"oom": seen["oom"]} if "oom" in seen else {"memory": seen["memory"]}),
             **({"hbm_bytes": hbm} if hbm is not None else {}),
+            **({"heap": heap} if heap is not None else {}),
             "post_partition_while_shapes": while_shapes(partitioned[-1].read_text()),
         },
     }
@@ -190,6 +193,44 @@ def run(name: str, out_dir: Path, model: str, topology: str, partitioner: str, l
     if not keep_dumps:
         shutil.rmtree(dump_dir, ignore_errors=True)
     return record
+
+
+def heap_record(live_range: str, buffer_assignment: str) -> dict[str, Any]:
+    """How XLA:TPU packed its HBM heap (`fidelity.xla_peak`): the heap's size, the most its buffers hold at
+    once by their live ranges, and the sizes of those buffers, what a packing model is fitted on."""
+    from fidelity.xla_peak import read_peak
+
+    peak = read_peak(live_range, buffer_assignment)
+    return {
+        "heap_bytes": peak.heap_bytes,
+        "live_peak_bytes": peak.heap_live_peak_bytes,
+        "live_peak_buffer_sizes": peak.heap_live_peak_sizes,
+        "value_count": peak.heap_value_count,
+        "thread_local": thread_local_allocations(buffer_assignment),
+    }
+
+
+_ALLOCATION_LINE = re.compile(r"^allocation \d+: size (\d+)(?:, color (\d+))?, page \d+, thread-local:")
+_VALUE_LINE = re.compile(r"^ value: <\d+ (\S+?) @\d+> \(size=\d+,offset=\d+\): (\S+)")
+
+
+def thread_local_allocations(buffer_assignment: str, least: int = 1 << 20) -> list[dict[str, Any]]:
+    """HBM allocations of `least` bytes or more outside the heap that belong to a computation run on its own
+    thread (SparseCore's offloaded gathers): each with its size and the values it holds."""
+    found: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in buffer_assignment.splitlines():
+        if line.startswith("allocation"):
+            head = _ALLOCATION_LINE.match(line)
+            current = None
+            if head and head.group(2) in (None, "0") and int(head.group(1)) >= least:
+                current = {"bytes": int(head.group(1)), "values": []}
+                found.append(current)
+            continue
+        value = _VALUE_LINE.match(line)
+        if value and current is not None:
+            current["values"].append(f"{value.group(1)}: {value.group(2)}")
+    return found
 
 
 def _same_module(dump_dir: Path, prefix: str, pattern: str) -> list[Path]:

@@ -49,6 +49,11 @@ class Peak:
     # once by their live ranges: the difference is how the heap was packed.
     heap_bytes: int = 0
     heap_live_peak_bytes: int = 0
+    # The heap's values live where they cover the most bytes (one per buffer: shared bytes counted once),
+    # largest first: what the allocator had to place at its fullest moment.
+    heap_live_peak_sizes: list[int] = field(default_factory=list)
+    # How many values the heap placed over the whole step.
+    heap_value_count: int = 0
 
     def bytes_in(self, color: int) -> int:
         return sum(size for size, _ in self.live.get(color, ()))
@@ -88,20 +93,31 @@ def read_peak(live_range: str, buffer_assignment: str) -> Peak:
             heap_values.append((span[0], span[1], int(value.group(4)), size))
     for values in live.values():
         values.sort(key=lambda v: (-v[0], v[1]))
-    most = max((_covered(heap_values, at) for at in {v[0] for v in heap_values}), default=0)
-    return Peak(position, sequence.get(position), hbm_allocated_bytes(buffer_assignment), live, heap_bytes, most)
+    fullest = max({v[0] for v in heap_values}, key=lambda at: (_covered(heap_values, at), -at), default=None)
+    sizes = _buffer_sizes(heap_values, fullest) if fullest is not None else []
+    return Peak(position, sequence.get(position), hbm_allocated_bytes(buffer_assignment), live, heap_bytes,
+                sum(sizes), sizes, len({(offset, size) for _, _, offset, size in heap_values}))  # fmt: skip
 
 
 def _covered(values: list[tuple[int, int, int, int]], at: int) -> int:
     """Heap bytes the values live at `at` cover. Values of one buffer (a loop's carried value and the
     body's parameter, an in-place update and its operand) share their bytes: counted once."""
+    return sum(_buffer_sizes(values, at))
+
+
+def _buffer_sizes(values: list[tuple[int, int, int, int]], at: int) -> list[int]:
+    """The bytes each stretch of the heap live at `at` covers, largest first: values that overlap in the
+    heap are one buffer (their union)."""
     spans = sorted((offset, offset + size) for start, end, offset, size in values if start <= at <= end)
-    covered, reach = 0, 0
+    sizes: list[int] = []
+    reach = 0
     for lo, hi in spans:
-        if hi > reach:
-            covered += hi - max(lo, reach)
-            reach = hi
-    return covered
+        if lo >= reach:
+            sizes.append(hi - lo)
+        elif hi > reach:
+            sizes[-1] += hi - reach
+        reach = max(reach, hi)
+    return sorted(sizes, reverse=True)
 
 
 def read_dump(directory: Path) -> Peak:
@@ -136,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "live_bytes_by_memory_space": {str(c): peak.bytes_in(c) for c in sorted(peak.live)},
         "heap_bytes": peak.heap_bytes,
         "heap_live_peak_bytes": peak.heap_live_peak_bytes,
+        "heap_live_peak_buffers": len(peak.heap_live_peak_sizes),
+        "heap_value_count": peak.heap_value_count,
         "largest": {str(c): v[: args.top] for c, v in sorted(peak.live.items())},
     }, indent=1))  # fmt: skip
     return 0

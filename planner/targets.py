@@ -33,6 +33,9 @@ decides what lands in memory:
 - XLA:TPU's and XLA:GPU's fusion computes cheap ops, f32 exponentials among them, again in every
   consumer (`planner.memory.buffers.materialises`): a softmax's f32 `[batch, seq, vocab]` intermediates
   hold no buffer, only the bf16 logits and their gradient do.
+- v6e and v5p chips run gathers of embedding rows on their SparseCores; from libtpu 0.0.52 XLA:TPU holds
+  three copies of each such gather's table beside its heap for the whole step (`planner.memory.sparse_core`,
+  `sparse_core_table_copies`). A step prepared as an older libtpu has none (`release_backend`).
 """
 
 from __future__ import annotations
@@ -70,6 +73,12 @@ class Backend:
     # does: a weight gradient's partial sums and their all-reduce share one allocation, offset and all);
     # XLA:CPU's gives the result a buffer of its own.
     all_reduces_in_place: bool = False
+    # How many copies of the table each gather the chip's SparseCores run holds outside the heap for the whole
+    # step (`planner.memory.sparse_core`): 3 from libtpu 0.0.52 on chips with SparseCores, else none.
+    sparse_core_table_copies: int = 0
+    # The smallest table (bytes per device) whose row gathers run on the SparseCores: smaller ones stay on the
+    # TensorCore.
+    sparse_core_min_table_bytes: int = 0
 
     @property
     def windowed_einsum_thresholds(self) -> dict[int, int]:
@@ -92,6 +101,12 @@ WINDOWED_EINSUM_FLOPS_PER_BYTE: dict[str, tuple[tuple[int, int], ...]] = {
 }
 
 
+# Chips whose SparseCores libtpu offloads gathers of table rows to: how many thread-local copies of the table
+# today's libtpu holds per gather, and the smallest table (bytes per device) it offloads (`planner.memory.
+# sparse_core`, measured on MaxText's steps). v5e has no SparseCore; v4's are not measured.
+SPARSE_CORES: dict[str, tuple[int, int]] = {"v6e": (3, 32 * MIB), "v5p": (3, 0)}
+
+
 def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
     """XLA:TPU for one chip: its on-chip memory and its windowed-einsum thresholds."""
     return Backend(
@@ -102,6 +117,8 @@ def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
         lends_unwritten_outputs=True,
         windowed_einsum_flops_per_byte=WINDOWED_EINSUM_FLOPS_PER_BYTE[chip],
         all_reduces_in_place=True,
+        sparse_core_table_copies=SPARSE_CORES.get(chip, (0, 0))[0],
+        sparse_core_min_table_bytes=SPARSE_CORES.get(chip, (0, 0))[1],
     )
 
 

@@ -108,6 +108,12 @@ class PlanRequest(RequestModel):
     hbm_bytes: int | None = Field(
         default=None, description="HBM per chip, instead of a preset: more than 0 bytes, at most 1 PiB"
     )
+    libtpu: str | None = Field(
+        default=None,
+        pattern=r"^\d+(\.\d+){2,3}$",
+        description="the libtpu release the step is compiled with (e.g. 0.0.52); default: the service's installed "
+        "one, else the newest modelled",
+    )
     manifest: Manifest | None = None
     options: PlanOptions = Field(default_factory=PlanOptions)
     # How messages name the HLO: `REQUEST_SOURCE`, or the uploaded file's name (`named`).
@@ -160,6 +166,7 @@ class PlanRequest(RequestModel):
             "min_bytes": self.options.min_bytes,
             "verify": self.options.verify,
             "chip": self.chip,
+            "libtpu": self.libtpu,
             "source": self._source,
         }  # fmt: skip
 

@@ -17,7 +17,7 @@ import pytest
 
 from planner import parse_hlo
 from planner.memory import memory_report
-from planner.memory.report import MemoryReport
+from planner.memory.report import HEAP_PACKING, MemoryReport
 from planner.prepare import prepare
 from planner.propagation import propagate
 
@@ -95,8 +95,13 @@ def test_the_stacked_residual_is_held_in_host_memory_not_in_hbm() -> None:
     stacked = 4 * 8192 * 4096 * 4  # 512 MiB: larger than the chip's on-chip memory
     assert offloaded.host_bytes == stacked
     assert kept.host_bytes == 0
+
     # The stacked buffer leaves HBM; the calls themselves hold nothing of their own.
-    assert kept.total_bytes - offloaded.total_bytes == stacked
+    # (The heap's packing follows the peak's buffers, which offloading changes: left out of the comparison.)
+    def unpacked(report: MemoryReport) -> int:
+        return report.total_bytes - report.breakdown.get(HEAP_PACKING, 0)
+
+    assert unpacked(kept) - unpacked(offloaded) == stacked
 
 
 def _libtpu_installed() -> bool:

@@ -1,17 +1,22 @@
 """MaxText's train steps, compiled for TPU topologies ahead of time by MaxText's own `train_compile`
-(`python -m fidelity.run_maxtext`, MaxText 0.2.5; jax 0.12 and libtpu 0.0.50 here, jax 0.12.1 and libtpu
-0.0.52 under `libtpu_0_0_52/` (Llama 3 8B, Gemma 2 2B, Mixtral 8x7B at 2 layers, Llama 3 8B at its full 32
-layers with `remat_policy=minimal_offloaded`); each record's `argv` is the command and its reduced layer count), planned
-from all three forms a user has: XLA's dump of the compile, `lowered.as_text(dialect="hlo")` and the
-StableHLO text. Each step is prepared as the libtpu that compiled it (`absent_passes`).
+(`python -m fidelity.run_maxtext`, MaxText 0.2.5): jax 0.12 and libtpu 0.0.50 here (reduced layer counts), and
+under `libtpu_0_0_52/` today's grid, compiled by libtpu 0.0.52 (jax 0.12.1 for Shardy; jax 0.12.0.1, the last
+that lowers for GSPMD, for GSPMD): full layer counts (Llama 3.1 405B at 126, Llama 3.1 70B and Llama 2 70B at 80,
+Gemma 2 at 26 and 42, Llama 3 8B, Llama 2 7B, Mistral 7B, Qwen3 8B, Gemma 3 4B) beside reduced ones, remat
+policies `minimal`, `save_qkv_proj`, `minimal_offloaded`, gradient accumulation, expert parallelism, both
+partitioners; each record's `argv` is the command. Each is planned from all three forms a user has: XLA's dump of
+the compile, `lowered.as_text(dialect="hlo")` and the StableHLO text, prepared as the libtpu that compiled it
+(`prepare(..., libtpu=)`: its passes and memory rules).
 
 What holds on every step: each form is read whole and planned for the step's chip, and the three forms give
-the same bytes per chip (they are one step). Our per-device While shapes equal XLA:TPU's under GSPMD, and
-under Shardy on every step and form but those `SHARDY_LOOPS_DIFFER` lists (which must still differ). Our
-bytes per chip stay within today's worst error against XLA:TPU's HBM (its buffer assignment's total,
-`fidelity.memory_stats`: what it allocated, or for a step it refuses, what its out-of-memory error says
-the step needed, the same total), and the verdict is never the opposite of XLA:TPU's. The error's spread
-is in bench/RESULTS.md (`python bench/maxtext_steps.py`); the goal is 5%.
+the same bytes per chip (they are one step). Our per-device While shapes equal XLA:TPU's on every step and form
+but those `LOOPS_DIFFER` lists (which must still differ). Our bytes per chip stay within today's worst error against
+XLA:TPU's HBM (its buffer assignment's total, `fidelity.memory_stats`: what it allocated, or for a step it
+refuses, what its out-of-memory error says the step needed, the same total before its heap is packed), and as
+many of today's libtpu's steps as measured are within 5% (the goals, 10% on every step and 5% on 90%, are not
+met yet: bench/RESULTS.md says where); the verdict, with the band drawn from the steps most like it, is never the opposite of
+XLA:TPU's, and "too close to call" only where XLA:TPU's need is within 10% of the chip. The table is in
+bench/RESULTS.md (`python bench/maxtext_steps.py`).
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from fidelity.sweep import propagation_agreement
 from planner import parse_hlo_file
 from planner.hlo.structure.frontend import MAXTEXT, front_end_of
 from planner.memory import CHIPS, memory_report
-from planner.plan.verdict import DOES_NOT_FIT, FITS, VERDICT_MARGIN, band_of, call
-from planner.prepare import PreparedModule, absent_passes, prepare
+from planner.memory.report import HEAP_PACKING, MemoryReport
+from planner.plan.similar_steps import StepTraits
+from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
+from planner.prepare import PreparedModule, prepare
 from planner.propagation import propagate
 
 FIXTURES = REPO / "tests" / "fixtures" / "maxtext"
@@ -36,12 +43,28 @@ FORMS = ("xla_dump.hlo.gz", "hlo.gz", "stablehlo.mlir.gz")
 # Each step by its path under FIXTURES, without the suffix: `libtpu_0_0_52/maxtext_llama3-8b_L4_v6e-8_shardy`.
 STEPS = sorted(str(p.relative_to(FIXTURES)).removesuffix(".xla.json") for p in FIXTURES.glob("**/*.xla.json"))
 
-# Shardy steps (and forms) whose While shapes still differ from XLA:TPU's, with what differs.
-SHARDY_LOOPS_DIFFER: dict[str, tuple[str, ...]] = {
+# Steps (and forms) whose While shapes still differ from XLA:TPU's, with what differs.
+LOOPS_DIFFER: dict[str, tuple[str, ...]] = {
     # The dump's forward scan carries two splash-attention masks more (the dump elides their literals,
     # so CSE cannot merge them with their twins as XLA:TPU's does).
     "maxtext_gemma2-2b_L4_v5e-8_shardy": ("xla_dump.hlo.gz",),
     "libtpu_0_0_52/maxtext_gemma2-2b_L4_v5e-8_shardy": ("xla_dump.hlo.gz",),
+    # Expert parallelism 4: the forward scan carries 157 elements where XLA:TPU's carries 149 (eight loop
+    # invariants it merges or drops that the model keeps); the other 20 loops are equal.
+    "libtpu_0_0_52/maxtext_mixtral-8x7b_L4_v5p-16_ep4_shardy": FORMS,
+    # libtpu 0.0.52 on DeepSeek-V2 (equal under libtpu 0.0.50): its dense and MoE layer scans carry two elements
+    # fewer than ours (22 and 136 against 24 and 138).
+    "libtpu_0_0_52/maxtext_deepseek2-16b_L2_v6e-16_shardy": FORMS,
+    "libtpu_0_0_52/maxtext_deepseek2-16b_L2_v6e-16_gspmd": FORMS,
+    "libtpu_0_0_52/maxtext_deepseek2-16b_L2_v5p-16_shardy": FORMS,
+    # Mixtral under GSPMD, libtpu 0.0.52: XLA:TPU's module keeps five of the eight searchsorted loops the Shardy
+    # compile keeps, and its forward scan carries one element fewer.
+    "libtpu_0_0_52/maxtext_mixtral-8x7b_L2_v5p-8_gspmd": FORMS,
+    # The dumps elide the splash-attention masks' literals, as for Gemma 2 above.
+    "libtpu_0_0_52/maxtext_gemma2-2b_L26_v5e-8_shardy": ("xla_dump.hlo.gz",),
+    "libtpu_0_0_52/maxtext_gemma2-2b_L26_v5e-8_gspmd": ("xla_dump.hlo.gz",),
+    "libtpu_0_0_52/maxtext_gemma2-9b_L42_v6e-16_shardy": ("xla_dump.hlo.gz",),
+    "libtpu_0_0_52/maxtext_gemma3-4b_L34_v6e-8_gspmd": ("xla_dump.hlo.gz",),
 }
 
 
@@ -51,7 +74,13 @@ def _record(name: str) -> dict:
 
 def _prepare(name: str, form: str, record: dict) -> PreparedModule:
     """The step's form, prepared as the libtpu that compiled it."""
-    return prepare(parse_hlo_file(FIXTURES / f"{name}.{form}"), _chip(record), disabled=absent_passes(record["libtpu"]))
+    return prepare(parse_hlo_file(FIXTURES / f"{name}.{form}"), _chip(record), libtpu=record["libtpu"])
+
+
+def _compared(report: MemoryReport, compiled: bool) -> int:
+    """Our bytes as XLA:TPU's number counts them: a step it refuses is quoted before its heap is packed (the 405B
+    step's refused buffer assignment holds a heap exactly its live peak, under both partitioners)."""
+    return report.total_bytes - (0 if compiled else report.breakdown.get(HEAP_PACKING, 0))
 
 
 def _chip(record: dict) -> str:
@@ -74,7 +103,7 @@ def test_every_form_of_a_maxtext_step_plans_to_the_same_bytes(name: str) -> None
         result = propagate(prepared)
         totals[form] = memory_report(prepared, result=result).total_bytes
         exact = propagation_agreement(prepared, result, whiles) == "exact"
-        assert exact != (form in SHARDY_LOOPS_DIFFER.get(name, ())), form
+        assert exact != (form in LOOPS_DIFFER.get(name, ())), form
     assert len(set(totals.values())) == 1, totals
 
 
@@ -90,35 +119,69 @@ def test_a_refusal_quotes_the_hbm_total_of_xla_tpus_buffer_assignment() -> None:
     for name in refused:
         report = gzip.decompress((FIXTURES / f"{name}.memory-usage-report.txt.gz").read_bytes()).decode()
         needed = _record(name)["tpu"]["oom"]["needed_bytes"]
-        # The message prints GiB to two decimals: within half of its last digit.
+        # The message prints GiB to two decimals: within half of its last digit. libtpu 0.0.52 leaves out the
+        # thread-local allocations SparseCore's gathers hold beside the heap (Mixtral 8x7B at 16 layers: 580 MiB).
         total = report_hbm_bytes(report)
         assert total is not None and total == _record(name)["tpu"]["hbm_bytes"], name
-        assert abs(needed - total) <= 0.005 * 2**30, name
+        heap = _record(name)["tpu"].get("heap", {})
+        thread_local = sum(a["bytes"] for a in heap.get("thread_local", ()))
+        assert abs(needed - (total - thread_local)) <= 0.005 * 2**30, name
 
 
-# Today's worst error against XLA:TPU's HBM over these steps, as a regression bound (the goal is 5%): Gemma 2 2B
-# on v5e-8, -10.7%. Every step's While shapes equal XLA:TPU's in its HLO form, the one sized here.
-WORST_ERROR = 0.108
+# Today's worst error against XLA:TPU's HBM, as a regression bound (the goal: none worse than 10%): DeepSeek-V2
+# at 2 layers on v5p-16, libtpu 0.0.52, +12.5% (its layer scans carry two elements more than XLA:TPU's).
+WORST_ERROR = 0.126
+
+
+def _planned(name: str) -> tuple[dict, PreparedModule, MemoryReport, object]:
+    record = _record(name)
+    prepared = _prepare(name, "hlo.gz", record)
+    result = propagate(prepared)
+    return record, prepared, memory_report(prepared, result=result), result
 
 
 @pytest.mark.parametrize("name", STEPS)
 def test_a_maxtext_steps_bytes_and_verdict_against_xla_tpu(name: str) -> None:
-    record = _record(name)
+    record, prepared, report, result = _planned(name)
     chip = _chip(record)
-    prepared = _prepare(name, "hlo.gz", record)
-    result = propagate(prepared)
-    report = memory_report(prepared, result=result)
     xla, compiled = reference_bytes(record)
-    ours = report.total_bytes
-    assert propagation_agreement(prepared, result, record["tpu"]["post_partition_while_shapes"]) == "exact"
+    ours = _compared(report, compiled)
+    exact = propagation_agreement(prepared, result, record["tpu"]["post_partition_while_shapes"]) == "exact"
+    assert exact != ("hlo.gz" in LOOPS_DIFFER.get(name, ()))
     assert abs(ours - xla) / xla <= WORST_ERROR, (ours, xla)
-    band = band_of("tpu", record["partitioner"], front_end_of(prepared.source))
+    traits = StepTraits(record["libtpu"], record["partitioner"], chip, report.total_bytes)
+    band = band_of("tpu", record["partitioner"], front_end_of(prepared.source), traits)
     capacity = CHIPS[chip].hbm_bytes
     ours_call = call(report.total_bytes, capacity, band)
-    if abs(xla - capacity) > VERDICT_MARGIN * capacity:
-        # Only a step whose real need is within the verdict's margin of the chip may be too close to call.
+    if abs(xla - capacity) >= 0.10 * capacity:
+        # Only a step whose real need is within 10% of the chip may be too close to call.
         assert ours_call == (FITS if compiled else DOES_NOT_FIT), (ours_call, xla, capacity)
     assert ours_call != (DOES_NOT_FIT if compiled else FITS), (ours_call, compiled)
+
+
+TODAYS_LIBTPU = "libtpu_0_0_52"
+
+
+def test_todays_libtpu_grid_has_full_size_offloaded_and_both_partitioners_steps() -> None:
+    records = [_record(n) for n in STEPS if n.startswith(TODAYS_LIBTPU)]
+    assert len(records) >= 30
+    assert {r["partitioner"] for r in records} == {"gspmd", "shardy"}
+    assert any(r["model"] == "llama3.1-405b" and r["layers"] == 126 for r in records)
+    assert any("offloaded" in " ".join(r["overrides"]) for r in records)
+
+
+# Today's libtpu steps within 5% of XLA:TPU's HBM, as measured (31 of 43): a regression bound. The goal is 90%.
+WITHIN_5_PERCENT = 31
+
+
+def test_todays_libtpu_steps_within_5_percent_of_xla_tpu_stay_as_many_as_measured() -> None:
+    errors = {}
+    for name in (n for n in STEPS if n.startswith(TODAYS_LIBTPU)):
+        record, _, report, _ = _planned(name)
+        xla, compiled = reference_bytes(record)
+        errors[name] = abs(_compared(report, compiled) - xla) / xla
+    within = [n for n, e in errors.items() if e <= 0.05]
+    assert len(within) >= WITHIN_5_PERCENT, sorted((round(e, 3), n) for n, e in errors.items() if e > 0.05)
 
 
 # Steps whose remat policy offloads activations to host memory: XLA:TPU's host allocation is recorded.

@@ -54,7 +54,7 @@ def test_the_holders_add_up_to_the_peak(path: Path, backend: str) -> None:
     prepared, _, estimate = _sized(path, backend)
     holders = holders_at_peak(prepared.module, estimate)
     total = estimate.total_bytes
-    held = sum(h.per_device_bytes for h in holders) - estimate.on_chip_bytes
+    held = sum(h.per_device_bytes for h in holders) - estimate.on_chip_bytes + estimate.packing_bytes
     print(f"{path.name} {backend}: holders {held:,} of {total:,} bytes ({len(holders)} buffers)")
     assert abs(held - total) <= TOLERANCE * total, f"holders {held:,} bytes, the peak {total:,}"
     assert [why for h in holders if (why := _why_not_its_array(h))] == []
@@ -80,9 +80,12 @@ def test_memory_top_and_the_plans_peak_holders_list_the_same_holders(path: Path,
     assert sum(info.per_device_bytes for info in by_kind.values()) == estimate.total_bytes
     for kind, info in by_kind.items():
         mine = [h for h in holders if h.kind == kind]
-        assert info.items == [h.describe() for h in mine[:3]], kind
+        # The heap's packing is no buffer's: the temporaries name it after their holders.
+        packing = estimate.packing_bytes if kind == "temporaries" else 0
+        assert info.items[: min(3, len(mine))] == [h.describe() for h in mine[:3]], kind
+        assert len(info.items) == min(3, len(mine)) + (1 if packing else 0), kind
         if estimate.on_chip_bytes == 0:
-            assert info.per_device_bytes == sum(h.per_device_bytes for h in mine), kind
+            assert info.per_device_bytes == sum(h.per_device_bytes for h in mine) + packing, kind
 
 
 def test_top_lists_as_many_as_asked_or_all_there_are() -> None:
@@ -134,7 +137,10 @@ def test_on_chip_memory_is_what_the_holders_exceed_the_total_by() -> None:
     prepared, _, estimate = _sized(LLAMA_405B, "v6e")
     assert estimate.on_chip_bytes > 0
     holders = holders_at_peak(prepared.module, estimate)
-    assert sum(h.per_device_bytes for h in holders) == estimate.total_bytes + estimate.on_chip_bytes
+    assert (
+        sum(h.per_device_bytes for h in holders)
+        == estimate.total_bytes + estimate.on_chip_bytes - estimate.packing_bytes
+    )
 
 
 def test_the_mesh_named_changes_nothing_the_holders_add_up_to() -> None:

@@ -99,22 +99,46 @@ def test_measured_bytes_decide_without_a_band(plan) -> None:
     assert v.summary.endswith("(as XLA:CPU measures it)")
 
 
-def test_a_maxtext_step_is_banded_by_maxtexts_steps_not_by_the_jax_grid() -> None:
-    """Two GSPMD MaxText references are too few for a band of their own: MaxText's steps under either partitioner
-    stand for them before the JAX grid's GSPMD band, whose widest step would make every MaxText verdict timid. As
-    measured on the grid: MaxText -15.7% to +9.4% with the margin, the JAX grid's GSPMD -40% to +46%."""
-    from planner.memory.report import MIN_KIND_CASES, signed_error
-    from planner.plan.verdict import VERDICT_MARGIN, band_of
+def test_a_maxtext_step_is_banded_by_the_maxtext_steps_most_like_it_not_by_the_jax_grid() -> None:
+    """The band a MaxText step's verdict keeps is drawn from MaxText's reference steps weighted by likeness (libtpu,
+    partitioner, chip, size: `similar_steps`), not from the JAX grid's GSPMD band, whose widest step would make
+    every MaxText verdict timid, nor from MaxText's own widest step."""
+    from planner.memory.report import reference_steps, signed_error
+    from planner.plan.similar_steps import StepTraits
+    from planner.plan.verdict import band_of
 
-    gspmd_maxtext = signed_error("tpu", ("gspmd/maxtext",))
-    assert gspmd_maxtext is not None and gspmd_maxtext[0] == "all"  # too few of its own (fewer than MIN_KIND_CASES)
-    band = band_of("tpu", "gspmd", "maxtext")
-    shardy = signed_error("tpu", ("shardy/maxtext",))
-    assert band is not None and shardy is not None and band.kind == "XLA:TPU */maxtext"
-    assert band.num_cases >= MIN_KIND_CASES and band.num_cases > shardy[1]
+    steps = reference_steps("tpu", "maxtext")
+    assert len(steps) >= 30 and {s["partitioner"] for s in steps} == {"gspmd", "shardy"}
+    # Llama 3.1 405B on MaxText's default v6e-256 mesh under GSPMD, libtpu 0.0.52: XLA:TPU refuses it at 42.79 GiB
+    # on a 31.24 GiB chip.
+    predicted = next(
+        s["predicted_bytes"] for s in steps if s["name"].startswith("maxtext_llama3.1-405b_L126_v6e-256_gspmd")
+    )
+    band = band_of("tpu", "gspmd", "maxtext", StepTraits("0.0.52", "gspmd", "v6e", predicted))
+    assert band is not None and band.kind == "XLA:TPU maxtext steps most like this one"
+    assert call(predicted, int(31.24 * (1 << 30)), band) == DOES_NOT_FIT
+    widest = signed_error("tpu", ("*/maxtext",))
     jax_band = band_of("tpu", "gspmd", "jax")
-    assert jax_band is not None and jax_band.under < band.under and band.over < jax_band.over
-    # Llama 3.1 405B on MaxText's default v6e-256 mesh under GSPMD: XLA:TPU refuses it at 42.79 GiB on a 31.24 GiB
-    # chip; predicted 42.02 GiB, the band says so.
-    assert call(int(42.02 * (1 << 30)), int(31.24 * (1 << 30)), band) == DOES_NOT_FIT
-    assert band.under <= shardy[2] - VERDICT_MARGIN and band.over >= shardy[3] + VERDICT_MARGIN
+    assert widest is not None and jax_band is not None
+    assert widest[2] < band.under <= 0 <= band.over < widest[3] + 0.05
+    assert jax_band.under < band.under and band.over < jax_band.over
+
+
+def test_the_band_weighs_references_by_likeness() -> None:
+    from planner.plan.similar_steps import ReferenceStep, StepTraits, similar_band, weight, weighted_quantile
+
+    step = StepTraits("0.0.52", "shardy", "v6e", 10 << 30)
+    alike = ReferenceStep("a", 0.01, "0.0.52", "shardy", "v6e", 10 << 30)
+    other_release = ReferenceStep("b", 0.01, "0.0.20", "shardy", "v6e", 10 << 30)
+    smaller = ReferenceStep("c", 0.01, "0.0.52", "shardy", "v6e", 1 << 30)
+    assert weight(step, alike) == 4 * weight(step, other_release) == 10 * weight(step, smaller)
+    assert weighted_quantile([0.0, 1.0], [1.0, 1.0], 0.5) == 0.5
+    assert weighted_quantile([0.0, 1.0], [3.0, 1.0], 0.05) == 0.0
+    # One unlike step far off moves the band little; the same step alike moves it.
+    references = [ReferenceStep(f"r{k}", 0.01 * (k % 3 - 1), "0.0.52", "shardy", "v6e", 10 << 30) for k in range(12)]
+    base = similar_band(step, references)
+    far_unlike = similar_band(step, [*references, ReferenceStep("x", -0.3, "0.0.20", "gspmd", "v5e", 100 << 20)])
+    far_alike = similar_band(step, [*references, ReferenceStep("y", -0.3, "0.0.52", "shardy", "v6e", 10 << 30)])
+    assert base is not None and far_unlike is not None and far_alike is not None
+    assert abs(far_unlike[1] - base[1]) < 0.005 and far_alike[1] < base[1] - 0.01
+    assert similar_band(step, references[:3]) is None  # too few to say

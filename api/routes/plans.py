@@ -129,6 +129,8 @@ async def _from_form(request: Request, limit: int) -> PlanRequest:
     if text := _text(form, "chip"):
         # One box takes a preset name or a byte count (the dashboard's form has one).
         fields["hbm_bytes" if text[0].isdigit() else "chip"] = _hbm(text) if text[0].isdigit() else text
+    if text := _text(form, "libtpu"):
+        fields["libtpu"] = text
     if text := _text(form, "hbm_bytes"):
         fields["hbm_bytes"] = _hbm(text)
     if text := _text(form, "manifest"):

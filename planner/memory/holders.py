@@ -13,8 +13,8 @@ Loop-carried `[L, ...]` buffers among them are told apart by what the loops do w
 - other: the rest of what loops carry (the scan's carry, a loop's copy of a stacked weight it only
   reads, hoisted masks and tables);
 - temporaries: everything else.
-What the backend's on-chip memory holds of the peak (`on_chip_bytes`) is not HBM: the holders add up
-to the total plus that.
+What the backend's on-chip memory holds of the peak (`on_chip_bytes`) is not HBM, and the heap's packing
+(`packing_bytes`) is no buffer's: the holders add up to the total plus the one, less the other.
 
 Each holder's bytes are its per-device array's (`Buffer.held`): f32[8,1024,4096] under
 {devices=[1,2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate} is f32[8,512,4096] on every device, 8 x 512 x
@@ -189,7 +189,7 @@ def holders_at_peak(
     module: HloModule, estimate: MemoryEstimate, gradient_names: Mapping[str, str] | None = None
 ) -> list[Holder]:
     """Every buffer holding bytes at the peak, largest first: parameters, outputs, and the temporaries
-    live there. Their bytes add up to `estimate.total_bytes + estimate.on_chip_bytes`.
+    live there. Their bytes add up to `estimate.total_bytes + estimate.on_chip_bytes - estimate.packing_bytes`.
 
     `gradient_names` names stacked gradients by their buffer (`while.1044[4]` -> `params['w_down']`).
     """

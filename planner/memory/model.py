@@ -35,7 +35,9 @@ from planner.memory.conversions import (
     updating_dot,
     widened_bytes,
 )
+from planner.memory.heap_packing import layer_count, packing_bytes
 from planner.memory.schedule import list_schedule, with_schedule
+from planner.memory.sparse_core import offloaded_gathers
 from planner.memory.values import ValueModel, read_ends, reads_leaf
 from planner.mesh import Mesh
 from planner.propagation import PropagationResult
@@ -62,6 +64,8 @@ class MemoryEstimate:
     body_peak_bytes: dict[str, int] = field(default_factory=dict)
     # Bytes per device in host memory at their peak (host offload), beside the HBM the totals count.
     host_bytes: int = 0
+    # What the compiler's heap adds over the temporaries live at the peak (XLA:TPU: `heap_packing`), in temp_bytes.
+    packing_bytes: int = 0
     # The module the positions above refer to (None: as given): the given one with its remaining calls
     # inlined and, for a compiler that schedules for memory, its computations in the order measured.
     scheduled: HloModule | None = None
@@ -245,6 +249,14 @@ def _estimate_in_order(
                                   stored=_as_f32(_held(shape, sharding)), note=WIDENED))  # fmt: skip
     for span in communication.get(entry.name, []):
         buffers.append(_span_buffer(len(buffers), span, entry.name, span.start, span.end, backend))
+    if backend.sparse_core_table_copies:
+        # The SparseCores' gathers: their thread-local allocations are held for the whole step.
+        for gather in offloaded_gathers(module, result, backend.sparse_core_min_table_bytes):
+            buffers.append(Buffer(len(buffers), gather.thread_local_bytes(backend.sparse_core_table_copies),
+                                  f"{gather.gather}: SparseCore's copies of its table", entry.name, gather.table,
+                                  gather.table_sharding, "temporary", None, 0, end_position,
+                                  note=f"{backend.sparse_core_table_copies} thread-local copies of the table, "
+                                  "the indices likewise, and the rows gathered"))  # fmt: skip
     if backend.widens_half_floats:
         for loop_inst, leaf, sharding, size, label in hoisted_conversion_elements(module, result, model.walk_order()):
             if loop_inst.name in positions:
@@ -275,6 +287,9 @@ def _estimate_in_order(
     # What on-chip memory holds at the peak is not HBM.
     on_chip = min(peak, backend.alternate_memory_bytes)
     peak -= on_chip
+    # XLA:TPU's heap is larger than its live peak by what packing its buffers costs (`heap_packing`).
+    packing = packing_bytes(peak, layer_count(module)) if backend.compiler == "tpu" else 0
+    peak += packing
     argument = sum(b.size_bytes for b in buffers if b.category == "parameter")
     root_shardings = leaf_shardings(entry.root.shape, sharding_of(result, entry.root_name))
     output = sum(per_device_bytes(leaf, s) for leaf, s in zip(array_leaves(entry.root.shape), root_shardings))
@@ -295,7 +310,7 @@ def _estimate_in_order(
     host_peak += sum(b.size_bytes for b in host if b.start < 0)
     estimate = MemoryEstimate(argument, output, peak, alias, buffers, peak_position, peak_buffers,
                               on_chip_bytes=on_chip, body_peak_bytes=body_peaks,
-                              fused=frozenset(model.fused), host_bytes=host_peak)  # fmt: skip
+                              fused=frozenset(model.fused), host_bytes=host_peak, packing_bytes=packing)  # fmt: skip
     estimate.peak_temporaries = sorted(peak_temporaries, key=lambda b: -b.size_bytes)
     estimate.outputs = _output_buffers(entry, root_keys, root_shardings, by_key, model.outputs_in_parameters)
     devices = mesh.device_ids if mesh is not None else tuple(range(_num_devices(result)))

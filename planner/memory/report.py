@@ -167,6 +167,21 @@ def signed_error(compiler: str, kinds: tuple[str, ...]) -> tuple[str, int, float
     return "all", bands["num_cases"], bands["under"], bands["over"]
 
 
+@functools.cache
+def reference_steps(compiler: str, front_end: str) -> tuple[dict, ...]:
+    """The reference steps of `front_end` (every partitioner) whose traits the sweep recorded beside their signed
+    error (`steps` of a kind: MaxText's), as written."""
+    if not ACCURACY_FILE.exists():
+        return ()
+    kinds = json.loads(ACCURACY_FILE.read_text()).get(compiler, {}).get("kinds", {})
+    return tuple(step for name, own in sorted(kinds.items()) if name.endswith(f"/{front_end}")
+                 for step in own.get("steps", ()))  # fmt: skip
+
+
+# The breakdown's line for what the compiler's heap adds over its live peak (`planner.memory.heap_packing`).
+HEAP_PACKING = "the heap's packing (XLA:TPU's allocator)"
+
+
 # A kind `*/front end` pools that front end's steps under every partitioner.
 ANY_PARTITIONER = "*/"
 
@@ -216,9 +231,13 @@ def _report(
             b.size_bytes for b in estimate.peak_buffers if b.category == "loop-carried" and stacked(b)
         ),
     }
-    breakdown["temporaries"] = estimate.temp_bytes + estimate.on_chip_bytes - breakdown["loop-carried"]
+    breakdown["temporaries"] = (
+        estimate.temp_bytes + estimate.on_chip_bytes - estimate.packing_bytes - breakdown["loop-carried"]
+    )
     if estimate.on_chip_bytes:
         breakdown["held in on-chip memory, not HBM"] = -estimate.on_chip_bytes
+    if estimate.packing_bytes:
+        breakdown[HEAP_PACKING] = estimate.packing_bytes
     holders = holders_at_peak(prepared.module, estimate, names)
     lines = tuple(
         BufferLine(

@@ -81,7 +81,8 @@ def timelines(
                 own[name] = list(local.get(name, [0] * len(module.computation(name).instructions)))
         at = _position(module.computation(loop.computation), loop.name)
         own[loop.computation][at] += peaks.get(loop.body, 0) + peaks.get(loop.condition, 0)
-    base = estimate.argument_bytes + estimate.output_bytes - estimate.alias_bytes
+    # The heap's packing is part of the heap the whole step holds: every point carries it.
+    base = estimate.argument_bytes + estimate.output_bytes - estimate.alias_bytes + estimate.packing_bytes
     on_chip = backend.alternate_memory_bytes
 
     def hbm(temporaries: int) -> int:

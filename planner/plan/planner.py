@@ -316,7 +316,7 @@ def _make_plan(
             PIN_EVERY_PARAMETER if pin_every else None,
             chip_name,
             withdrawn,
-            band_for(prepared),
+            band_for(prepared, before.memory.peak_chip_bytes),
             verify_command=verify_command(mesh, chip_name, capacity_bytes),
             framework=limited_to,
         )

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 from planner.hlo.structure.frontend import JAX, MAXTEXT, front_end_of
 from planner.hlo.text.shardy_import import partitioner_of
-from planner.memory.report import ANY_PARTITIONER, signed_error
+from planner.memory.report import ANY_PARTITIONER, reference_steps, signed_error
 from planner.mesh import Mesh
 from planner.plan.model import HbmInfo, PlacementInfo, VerdictInfo
+from planner.plan.similar_steps import ReferenceStep, StepTraits, similar_band
 from planner.prepare import PreparedModule
 from planner.units import format_bytes
 
@@ -58,19 +59,32 @@ class Band:
 VERDICT_MARGIN = 0.05
 
 
-def band_for(prepared: PreparedModule) -> Band | None:
+def band_for(prepared: PreparedModule, predicted_bytes: int | None = None) -> Band | None:
     """The measured error of the model on steps of this kind (partitioner and front end: torch_xla, MaxText or
-    other JAX) for the target's compiler."""
-    return band_of(prepared.compiler, partitioner_of(prepared.source), front_end_of(prepared.source))
+    other JAX) for the target's compiler; with `predicted_bytes`, drawn from the references most like this
+    step where they were recorded (`similar_steps`)."""
+    partitioner = partitioner_of(prepared.source)
+    traits = None
+    if predicted_bytes is not None:
+        traits = StepTraits(prepared.libtpu, partitioner, prepared.target.name, predicted_bytes)
+    return band_of(prepared.compiler, partitioner, front_end_of(prepared.source), traits)
 
 
-def band_of(compiler: str, partitioner: str, front_end: str) -> Band | None:
+def band_of(compiler: str, partitioner: str, front_end: str, step: StepTraits | None = None) -> Band | None:
     """The sweep's signed error for this compiler on `partitioner/front_end` steps, widened by `VERDICT_MARGIN`.
 
     MaxText's steps are JAX steps: where too few of them were measured under a partitioner, MaxText's steps under
     either partitioner stand for them (the same model and memory rules, the partitioner's loops equal XLA:TPU's
     under both), then JAX's band. A population's widest error would widen the verdict of every MaxText step by a
     grid step unlike it (the JAX grid's GSPMD band on XLA:TPU spans -35% to +41%, MaxText's -11% to +4%)."""
+    if step is not None:
+        references = [ReferenceStep(**r) for r in reference_steps(compiler, front_end)]
+        similar = similar_band(step, [r for r in references])
+        if similar is not None:
+            count, under, over = similar
+            name = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
+            label = f"{name} {front_end} steps most like this one"
+            return Band(label, count, max(under, -0.95), over)
     kinds = [f"{partitioner}/{front_end}"]
     if front_end == MAXTEXT:
         kinds += [f"{ANY_PARTITIONER}{MAXTEXT}", f"{partitioner}/{JAX}"]

@@ -100,6 +100,10 @@ TPU_PASSES: tuple[ModulePass, ...] = (
 # Passes of today's XLA:TPU pipeline that an older libtpu does not run, by the first release that runs
 # them: a step compiled by an older one is prepared with them disabled (`absent_passes`).
 TPU_PASSES_SINCE: dict[str, tuple[int, ...]] = {DegenerateDimensionRewriter.NAME: (0, 0, 52)}
+# Likewise what today's libtpu does after partitioning that the memory model follows, by the first release
+# that does it: disabled, the backend is the older release's (`release_backend`).
+SPARSE_CORE_THREAD_LOCAL = "sparse-core-thread-local-buffers"
+TPU_RULES_SINCE: dict[str, tuple[int, ...]] = {SPARSE_CORE_THREAD_LOCAL: (0, 0, 52)}
 
 
 def absent_passes(libtpu: str | None) -> frozenset[str]:
@@ -108,7 +112,15 @@ def absent_passes(libtpu: str | None) -> frozenset[str]:
     if libtpu is None:
         return frozenset()
     release = tuple(int(p) for p in libtpu.split(".") if p.isdigit())
-    return frozenset(name for name, since in TPU_PASSES_SINCE.items() if release < since)
+    since = {**TPU_PASSES_SINCE, **TPU_RULES_SINCE}
+    return frozenset(name for name, first in since.items() if release < first)
+
+
+def release_backend(backend: Backend, disabled: frozenset[str]) -> Backend:
+    """`backend` as the libtpu that does not do the rules `disabled` names (`TPU_RULES_SINCE`) compiles for it."""
+    if SPARSE_CORE_THREAD_LOCAL in disabled and backend.sparse_core_table_copies:
+        return dataclasses.replace(backend, sparse_core_table_copies=0)
+    return backend
 
 
 def installed_libtpu() -> str | None:
@@ -135,9 +147,10 @@ class Preparation:
     target: str | Backend = "cpu"
     mesh: Mesh | None = None
     options: PropagationOptions | None = None
+    libtpu: str | None = None  # the libtpu the user compiles with (None: the installed one)
 
     def apply(self, module: HloModule) -> PreparedModule:
-        return prepare(module, self.target, self.mesh, self.options)
+        return prepare(module, self.target, self.mesh, self.options, libtpu=self.libtpu)
 
 
 def prepare(
@@ -148,6 +161,7 @@ def prepare(
     *,
     pass_input: bool = False,
     disabled: frozenset[str] | None = None,
+    libtpu: str | None = None,
 ) -> PreparedModule:
     """`module` as `target`'s compiler will partition it, with its mesh resolved and checked.
 
@@ -159,10 +173,24 @@ def prepare(
     `disabled` names target passes not to run, as XLA's `--xla_disable_hlo_passes` does: the
     experiment that tells which pass changes a decision; left out, the passes the installed libtpu does not
     run (`absent_passes`: a step is prepared as the compiler at hand would compile it, the newest without one).
+    `libtpu` names the release the user compiles with (`0.0.52`), in place of the installed one: its passes and
+    rules (`TPU_RULES_SINCE`), and the references the verdict's band is drawn from (`PreparedModule.libtpu`).
     """
+    libtpu = libtpu or installed_libtpu()
     if disabled is None:
-        disabled = absent_passes(installed_libtpu())
-    backend = backend_of(target)
+        disabled = absent_passes(libtpu)
+    return dataclasses.replace(_prepare(module, target, mesh, options, pass_input, disabled), libtpu=libtpu)
+
+
+def _prepare(
+    module: HloModule,
+    target: str | Backend,
+    mesh: Mesh | None,
+    options: PropagationOptions | None,
+    pass_input: bool,
+    disabled: frozenset[str],
+) -> PreparedModule:
+    backend = release_backend(backend_of(target), disabled)
     # JAX's lowered text leaves out the compile options jit passes beside it: restored before anything reads them.
     module, assumed = with_jax_compile_defaults(module, mesh)
     warnings = tuple(assumed) + tuple(mesh_warnings(module, mesh))
@@ -193,11 +221,12 @@ def reprepare(
     in Shardy's form (what `annotate` keeps); otherwise the GSPMD reading is prepared and propagated.
     """
     mesh = mesh if mesh is not None else prepared.mesh
-    return _target_passes(
+    again = _target_passes(
         prepared.source, front, prepared.target, mesh, prepared.options, prepared.aliases,
         prepared.passes[: _front_records(prepared)], prepared.warnings, prepared.disabled,
         shardy_front=shardy_front,
     )  # fmt: skip
+    return dataclasses.replace(again, libtpu=prepared.libtpu)
 
 
 def annotate(prepared: PreparedModule, write: Callable[[HloModule], HloModule]) -> PreparedModule:

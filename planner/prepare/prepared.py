@@ -43,6 +43,8 @@ class PreparedModule:
     passes: tuple[PassRecord, ...] = ()
     warnings: tuple[str, ...] = field(default=())
     disabled: frozenset[str] = frozenset()  # target passes not run (`prepare`'s `disabled`)
+    # The libtpu release the step is prepared as (None: none named or installed, the newest modelled).
+    libtpu: str | None = None
     # A Shardy module as Shardy propagates it: `module` before it was read as GSPMD's, with the same
     # instruction names (None: propagate `module` with GSPMD's rules); and `front` likewise.
     shardy: HloModule | None = None

@@ -70,6 +70,10 @@ def peak_holders(
         totals[kind] -= taken
         rest -= taken
     texts = {k: [h.describe() for h in items[k][:top]] for k in KINDS}
+    if estimate.packing_bytes:
+        totals["temporaries"] += estimate.packing_bytes
+        packing = format_bytes(estimate.packing_bytes)
+        texts["temporaries"].append(f"{packing} the heap's packing adds (XLA:TPU's allocator)")
     unnamed = estimate.total_bytes - sum(totals.values())
     if unnamed:
         # Bytes the model counts at the peak without a buffer to show for them: said, not hidden.

@@ -33,6 +33,30 @@ PARTITIONABLE = frozenset(
 PASSTHROUGH_CUSTOM_CALLS = frozenset({"Sharding", "X64Combine", "LayoutConstraint"})
 # Custom-calls XLA partitions itself (registered partitioners).
 SHARDABLE_CUSTOM_CALLS = PASSTHROUGH_CUSTOM_CALLS | {"ShardBarrierFrom", "ShardBarrierTo"}
+# Custom-calls that pass their operand's sharding through when they take one array of their own rank
+# (`IsPassthroughCustomOps`): host offload's MoveToHost and MoveToDevice among them. JAX's
+# `annotate_device_placement` is one of those two by then: XLA converts it before propagating
+# (`ConvertMemoryPlacementToInternalAnnotations`).
+SAME_RANK_PASSTHROUGH_CUSTOM_CALLS = frozenset(
+    {"ResizeNearest", "ResizeBilinear", "ResizeNearestGrad", "ResizeBilinearGrad", "Cholesky", "MoveToDevice",
+     "MoveToHost", "annotate_device_placement"}
+)  # fmt: skip
+
+
+def is_passthrough_custom_call(node: Node) -> bool:
+    """XLA's `IsPassthroughCustomOps`: the custom-call's sharding is its operand's."""
+    if node.opcode != "custom-call":
+        return False
+    target = node.inst.attr("custom_call_target")
+    if target in PASSTHROUGH_CUSTOM_CALLS:
+        return True
+    return (
+        target in SAME_RANK_PASSTHROUGH_CUSTOM_CALLS
+        and len(node.operands) == 1
+        and node.is_array
+        and node.operands[0].is_array
+        and node.operands[0].rank == node.rank
+    )
 
 
 # Levels run 0..3; a rule that reads the level as a number depends on all of them.
@@ -141,7 +165,9 @@ class Context:
         if node.opcode == "reverse":
             return self.options.is_spmd
         if node.opcode == "custom-call":
-            return self.options.is_spmd and node.inst.attr("custom_call_target") in SHARDABLE_CUSTOM_CALLS
+            return self.options.is_spmd and (
+                node.inst.attr("custom_call_target") in SHARDABLE_CUSTOM_CALLS or is_passthrough_custom_call(node)
+            )
         return False
 
     @property

@@ -7,7 +7,7 @@ The dispatcher and the fallbacks every op shares; the per-opcode rules live by c
 from __future__ import annotations
 
 from planner.propagation.gspmd import forward_dot, forward_reductions, forward_shapes, forward_tuples
-from planner.propagation.gspmd.context import Context, is_elementwise
+from planner.propagation.gspmd.context import Context, is_elementwise, is_passthrough_custom_call
 from planner.propagation.gspmd.forward_common import (
     FIRST_OPERAND,
     MOST_SPECIFIC,
@@ -122,7 +122,7 @@ def unmodelled_reason(node: Node) -> str | None:
     """Why this node's forward behaviour may differ from a real XLA's, or None."""
     if node.opcode == "custom-call":
         target = node.inst.attr("custom_call_target")
-        if target not in _KNOWN_CUSTOM_CALLS:
+        if target not in _KNOWN_CUSTOM_CALLS and not is_passthrough_custom_call(node):
             return (
                 f"custom-call '{target}' is simulated as not partitionable; an XLA build with a partitioner "
                 "registered for it may shard it"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.propagation.gspmd.context import Context
+from planner.propagation.gspmd.context import Context, is_passthrough_custom_call
 from planner.propagation.shared.graph import Node
 from planner.sharding.hlo_sharding import HloSharding
 from planner.sharding.merge import is_more_specific, is_spatially_partitioned
@@ -31,7 +31,7 @@ def pick_representative_operand(node: Node) -> Node | None:
     if node.opcode in FIRST_OPERAND:
         return node.operands[0] if node.operands and node.operands[0].sharding is not None else None
     if node.opcode == "custom-call":
-        if node.inst.attr("custom_call_target") in ("Sharding", "X64Combine", "LayoutConstraint"):
+        if is_passthrough_custom_call(node):
             return node.operands[0] if node.operands[0].sharding is not None else None
         return None
     if node.opcode not in MOST_SPECIFIC:
