@@ -6,11 +6,12 @@ Each `fidelity.run_maxtext` record that kept its heap (`tpu.heap`: the heap's by
 at once by their live ranges, and those buffers' sizes; a step XLA:TPU refused has no packed heap and is left
 out) is one measurement of what packing costs: heap / live peak - 1. The steps are split by model and size (the
 two partitioners' compiles of one step stay on one side, so neither half has seen the other's twin): the first
-of every two such groups, in name order, fits a line (least squares), the second checks it. The model's feature
-is one over the step's layers; the others tried (the share of the live peak its three largest buffers hold, its
-largest alone, the log of how many buffers make it) are fitted and checked the same way. Prints each one's mean
-and worst absolute error on both halves, in points of the live peak, beside a constant and no model (0), and
-the constants `planner.memory.heap_packing` keeps.
+of every two such groups, in name order, fits (least squares), the second checks it. The model is proportional
+to one over the step's layers (a line through 0); lines in that and in the other features tried (the share of the
+live peak its three largest buffers hold, its largest alone, the log of how many buffers make it) are fitted and
+checked the same way, beside a constant and no model (0). Prints each one's mean and worst absolute error on both
+halves, in points of the live peak; then each group left out in turn, fitted on the others; and whether
+`planner.memory.heap_packing` keeps this fit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.memory.heap_packing import PACKING_INTERCEPT, PACKING_PER_LAYER
+from planner.memory.heap_packing import PACKING_PER_LAYER
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,6 +89,12 @@ def errors(found: list[Measurement], predict: Callable[[Measurement], float]) ->
     return sum(misses) / len(misses), max(misses)
 
 
+def proportional_fit(found: list[Measurement], feature: str) -> float:
+    """The least-squares slope of a line through 0."""
+    xs = [m.features[feature] for m in found]
+    return sum(x * m.overhead for x, m in zip(xs, found)) / sum(x * x for x in xs)
+
+
 def line_of(intercept: float, slope: float, feature: str) -> Callable[[Measurement], float]:
     def predict(m: Measurement) -> float:
         return intercept + slope * m.features[feature]
@@ -108,7 +115,9 @@ def leave_one_group_out(found: list[Measurement], feature: str) -> tuple[float, 
     for group in sorted({group_of(m.step) for m in found}):
         train = [m for m in found if group_of(m.step) != group]
         test = [m for m in found if group_of(m.step) == group]
-        if feature == "none (0)":
+        if feature == "model":
+            predict = line_of(0.0, proportional_fit(train, MODEL_FEATURE), MODEL_FEATURE)
+        elif feature == "none (0)":
             predict = constant_of(0.0)
         elif feature == "constant":
             predict = constant_of(sum(m.overhead for m in train) / len(train))
@@ -127,20 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     if len(fit) < 3 or not check:
         print(f"heap_packing: {len(found)} steps kept their heap; too few to fit and check", file=sys.stderr)
         return 2
-    intercept, slope = fit_line(fit, MODEL_FEATURE)
+    slope = proportional_fit(fit, MODEL_FEATURE)
     print(f"| step | libtpu | half | heap over live peak | {MODEL_FEATURE} | modelled |")
     print("|---|---|---|---:|---:|---:|")
     for half, rows in (("fit", fit), ("check", check)):
         for m in rows:
-            modelled = max(0.0, intercept + slope * m.features[MODEL_FEATURE])
+            modelled = slope * m.features[MODEL_FEATURE]
             print(f"| {m.step} | {m.libtpu} | {half} | {100 * m.overhead:+.1f}% | {m.features[MODEL_FEATURE]:.3f} | "
                   f"{100 * modelled:+.1f}% |")  # fmt: skip
     print()
     print(f"{len(fit)} steps fit, {len(check)} check; mean / worst absolute error in points of the live peak:")
     print("| model | fit half | check half |")
     print("|---|---|---|")
+    candidates: list[tuple[str, Callable[[Measurement], float]]] = [
+        (f"{slope:.4f} * {MODEL_FEATURE} (the model)", line_of(0.0, slope, MODEL_FEATURE))
+    ]
     constant = sum(m.overhead for m in fit) / len(fit)
-    candidates: list[tuple[str, Callable[[Measurement], float]]] = []
     for feature in FEATURES:
         a, b = fit_line(fit, feature)
         candidates.append((f"{a:.4f} + {b:.4f} * {feature}", line_of(a, b, feature)))
@@ -149,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         cells = [errors(rows, predict) for rows in (fit, check)]
         print(f"| {label} | " + " | ".join(f"{100 * mean:.1f} / {100 * worst:.1f}" for mean, worst in cells) + " |")
     print()
-    print("Each group of steps left out in turn, the line fitted on all the others (mean / worst):")
-    for feature in (*FEATURES, "constant", "none (0)"):
+    print("Each group of steps left out in turn, fitted on all the others (mean / worst):")
+    for feature in ("model", *FEATURES, "constant", "none (0)"):
         mean, worst = leave_one_group_out(found, feature)
         print(f"- {feature}: {100 * mean:.1f} / {100 * worst:.1f} points")
-    if (round(intercept, 4), round(slope, 4)) != (PACKING_INTERCEPT, PACKING_PER_LAYER):
-        print(f"planner.memory.heap_packing keeps {PACKING_INTERCEPT} + {PACKING_PER_LAYER} / layers: not this fit")
+    if round(slope, 4) != PACKING_PER_LAYER:
+        print(f"planner.memory.heap_packing keeps {PACKING_PER_LAYER} / layers: not this fit")
     return 0
 
 

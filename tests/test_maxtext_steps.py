@@ -129,8 +129,8 @@ def test_a_refusal_quotes_the_hbm_total_of_xla_tpus_buffer_assignment() -> None:
 
 
 # Today's worst error against XLA:TPU's HBM, as a regression bound (the goal: none worse than 10%): DeepSeek-V2
-# at 2 layers on v5p-16, libtpu 0.0.52, +12.5% (its layer scans carry two elements more than XLA:TPU's).
-WORST_ERROR = 0.126
+# at 2 layers on v5p-16, libtpu 0.0.52, +12.2% (its layer scans carry two elements more than XLA:TPU's).
+WORST_ERROR = 0.123
 
 
 def _planned(name: str) -> tuple[dict, PreparedModule, MemoryReport, object]:

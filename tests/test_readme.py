@@ -96,7 +96,7 @@ def test_make_run_prints_the_verdict_and_how_to_open_the_dashboard() -> None:
     # (make may install first when pyproject.toml is newer than the venv: the report follows.)
     lines = done.stdout.splitlines()
     start = lines.index("plan for SyncTensorsGraph.2649 on mesh fsdp=4,tp=2")
-    assert lines[start + 1].startswith("  verdict: fits: 233.4 MiB per chip after the plan")
+    assert lines[start + 1].startswith("  verdict: fits: 234.2 MiB per chip after the plan")
     assert lines[-1].startswith("dashboard: .venv/bin/spmd-planner serve, then open http://127.0.0.1:8000/")
 
 

@@ -73,7 +73,7 @@ def test_a_post_with_no_body_is_415_saying_what_to_send(client: TestClient) -> N
         (
             "/plan",
             {"hlo": SMALL_HLO, "zzz": 1},
-            "body: unknown field 'zzz'; known: hlo, mesh, chip, hbm_bytes, manifest, options",
+            "body: unknown field 'zzz'; known: hlo, mesh, chip, hbm_bytes, libtpu, manifest, options",
         ),
         (
             "/jobs",

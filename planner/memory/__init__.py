@@ -24,8 +24,8 @@ __all__ = [
 
 def clear_caches() -> None:
     """Forgets what the memory model memoises across calls: each sharding's device groups per dim, and the
-    sweep's measured error bands read from disk."""
+    sweep's measured error bands and reference steps read from disk."""
     from planner.memory import dot_partition, report
 
-    for cached in (dot_partition.axis_grouping, report.signed_error, report.error_band):
+    for cached in (dot_partition.axis_grouping, report.signed_error, report.error_band, report.reference_steps):
         cached.cache_clear()
