@@ -40,13 +40,12 @@ def _path(directory: Path, name: str, form: str) -> Path:
 
 
 def rows(directory: Path) -> list[dict[str, object]]:
-    from fidelity.run_maxtext import reference_bytes
+    from fidelity.run_maxtext import compared_bytes, reference_bytes
     from fidelity.sweep import propagation_agreement
     from planner import parse_hlo_file
     from planner.errors import PlannerError
     from planner.hlo.structure.frontend import front_end_of
     from planner.memory import CHIPS, memory_report
-    from planner.memory.report import HEAP_PACKING
     from planner.plan.similar_steps import StepTraits
     from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
     from planner.prepare import prepare
@@ -62,7 +61,6 @@ def rows(directory: Path) -> list[dict[str, object]]:
             row: dict[str, object] = {"step": name, "form": form, "partitioner": record["partitioner"],
                                       "libtpu": record["libtpu"], "chip": chip, "xla_bytes": xla,
                                       "xla_call": FITS if fits else DOES_NOT_FIT,
-                                      "host_bytes": record["tpu"].get("memory", {}).get("host_temp_size_in_bytes", 0),
                                       "compile_seconds": record.get("compile_seconds")}  # fmt: skip
             start = time.perf_counter()
             try:
@@ -72,9 +70,7 @@ def rows(directory: Path) -> list[dict[str, object]]:
                 report = memory_report(prepared, result=result)
                 traits = StepTraits(record["libtpu"], record["partitioner"], chip, report.total_bytes)
                 band = band_of("tpu", record["partitioner"], front_end_of(prepared.source), traits)
-                # A refusal is quoted before the heap is packed (tests/test_maxtext_steps.py `_compared`).
-                row["ours_bytes"] = report.total_bytes - (0 if fits else report.breakdown.get(HEAP_PACKING, 0))
-                row["ours_host_bytes"] = report.host_bytes
+                row["ours_bytes"] = compared_bytes(report, fits)
                 row["band"] = None if band is None else (band.under, band.over)
                 row["our_call"] = call(report.total_bytes, CHIPS[chip].hbm_bytes, band)
                 row["whiles"] = propagation_agreement(prepared, result, record["tpu"]["post_partition_while_shapes"])
@@ -117,12 +113,17 @@ def spread(found: list[dict[str, object]]) -> str:
             f"worst {100 * errors[-1]:.1f}%")  # fmt: skip
 
 
+def _key(row: dict[str, object]) -> str:
+    """A step's name among both libtpus' steps: `maxtext_llama3-8b_L4_v6e-8_shardy@0.0.52`."""
+    return f"{row['step']}@{row['libtpu']}"
+
+
 def _references(found: list[dict[str, object]]) -> list[ReferenceStep]:
     """Each planned step (one form: the forms agree) as a reference of the verdict's band."""
     from planner.plan.similar_steps import ReferenceStep
 
     return [
-        ReferenceStep(str(r["step"]) + "@" + str(r["libtpu"]),
+        ReferenceStep(_key(r),
                       round((int(r["ours_bytes"]) - int(r["xla_bytes"])) / int(r["xla_bytes"]), 4),  # type: ignore[call-overload]
                       str(r["libtpu"]), str(r["partitioner"]), str(r["chip"]), int(r["ours_bytes"]))  # type: ignore[call-overload]
         for r in found
@@ -143,7 +144,7 @@ def calibration(found: list[dict[str, object]]) -> str:
     if len(references) < 2:
         return "too few steps to calibrate the band"
     inside, missed, widths, opposite, timid = 0, [], [], [], []
-    by_name = {str(r["step"]) + "@" + str(r["libtpu"]): r for r in found if r["form"] == FORMS[0] and "ours_bytes" in r}
+    by_name = {_key(r): r for r in found if r["form"] == FORMS[0] and "ours_bytes" in r}
     for ref in references:
         others = [o for o in references if o.name != ref.name]
         band = similar_band(StepTraits(ref.libtpu, ref.partitioner, ref.chip, ref.predicted_bytes), others)

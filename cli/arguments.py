@@ -11,6 +11,7 @@ from planner.data import DEFAULT_DUMP
 from planner.memory import CHIPS, chip, parse_byte_count
 from planner.memory.chips import check_hbm_bytes
 from planner.mesh import Mesh
+from planner.targets import LIBTPU_RELEASE
 
 
 def mesh_arg(text: str) -> Mesh:
@@ -29,7 +30,7 @@ def chip_arg(text: str) -> str:
 
 def libtpu_arg(text: str) -> str:
     """A libtpu release as pip names it (`0.0.52`, `0.0.50.1`)."""
-    if not re.fullmatch(r"\d+(\.\d+){2,3}", text):
+    if not re.fullmatch(LIBTPU_RELEASE, text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a libtpu release (like 0.0.52)")
     return text
 

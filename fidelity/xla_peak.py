@@ -33,7 +33,7 @@ _PEAK = re.compile(r"^\s*Live ranges at (\d+) \(peak\):", re.M)
 _RANGE = re.compile(r"^    (\S+?)(\{[^}]*\}):(\d+)-(\d+)$", re.M)
 _SEQUENCE = re.compile(r"^    (\d+):(\S+)$", re.M)
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(?:, color (\d+))?(.*)")
-_VALUE = re.compile(r"^ value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
+_VALUE = re.compile(r"^ value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)(?:: (\S+))?")
 
 
 @dataclass
@@ -118,6 +118,26 @@ def _buffer_sizes(values: list[tuple[int, int, int, int]], at: int) -> list[int]
             sizes[-1] += hi - reach
         reach = max(reach, hi)
     return sorted(sizes, reverse=True)
+
+
+def thread_local_allocations(buffer_assignment: str, least: int = 1 << 20) -> list[dict[str, object]]:
+    """HBM allocations (memory space 0) of `least` bytes or more outside the heap that belong to a computation
+    run on its own thread (SparseCore's offloaded gathers): each with its size and its values, `name: shape`."""
+    found: list[dict[str, object]] = []
+    values: list[str] | None = None
+    for line in buffer_assignment.splitlines():
+        allocation = _ALLOCATION.match(line)
+        if allocation is not None:
+            values = None
+            size, color, kind = int(allocation.group(1)), int(allocation.group(2) or 0), allocation.group(3)
+            if color == 0 and size >= least and "thread-local" in kind:
+                values = []
+                found.append({"bytes": size, "values": values})
+            continue
+        value = _VALUE.match(line)
+        if value is not None and values is not None:
+            values.append(f"{value.group(1)}{value.group(2) or ''}: {value.group(5)}")
+    return found
 
 
 def read_dump(directory: Path) -> Peak:

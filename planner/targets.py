@@ -101,6 +101,10 @@ WINDOWED_EINSUM_FLOPS_PER_BYTE: dict[str, tuple[tuple[int, int], ...]] = {
 }
 
 
+# A libtpu release as pip names it (`0.0.52`, `0.0.50.1`): what `--libtpu` and the service's `libtpu` take.
+LIBTPU_RELEASE = r"\d+(\.\d+){2,3}"
+
+
 # Chips whose SparseCores libtpu offloads gathers of table rows to: how many thread-local copies of the table
 # today's libtpu holds per gather, and the smallest table (bytes per device) it offloads (`planner.memory.
 # sparse_core`, measured on MaxText's steps). v5e has no SparseCore; v4's are not measured.
@@ -109,6 +113,7 @@ SPARSE_CORES: dict[str, tuple[int, int]] = {"v6e": (3, 32 * MIB), "v5p": (3, 0)}
 
 def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
     """XLA:TPU for one chip: its on-chip memory and its windowed-einsum thresholds."""
+    table_copies, min_table_bytes = SPARSE_CORES.get(chip, (0, 0))
     return Backend(
         chip,
         "tpu",
@@ -117,8 +122,8 @@ def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
         lends_unwritten_outputs=True,
         windowed_einsum_flops_per_byte=WINDOWED_EINSUM_FLOPS_PER_BYTE[chip],
         all_reduces_in_place=True,
-        sparse_core_table_copies=SPARSE_CORES.get(chip, (0, 0))[0],
-        sparse_core_min_table_bytes=SPARSE_CORES.get(chip, (0, 0))[1],
+        sparse_core_table_copies=table_copies,
+        sparse_core_min_table_bytes=min_table_bytes,
     )
 
 

@@ -22,6 +22,7 @@ from planner.memory.chips import check_hbm_bytes
 from planner.mesh import Mesh
 from planner.plan.manifest import Manifest
 from planner.plan.model import Plan
+from planner.targets import LIBTPU_RELEASE
 from planner.version import planner_version
 
 
@@ -110,7 +111,7 @@ class PlanRequest(RequestModel):
     )
     libtpu: str | None = Field(
         default=None,
-        pattern=r"^\d+(\.\d+){2,3}$",
+        pattern=f"^{LIBTPU_RELEASE}$",
         description="the libtpu release the step is compiled with (e.g. 0.0.52); default: the service's installed "
         "one, else the newest modelled",
     )

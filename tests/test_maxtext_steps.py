@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS, REPO
 
-from fidelity.run_maxtext import reference_bytes
+from fidelity.run_maxtext import compared_bytes, reference_bytes
 from fidelity.sweep import propagation_agreement
 from planner import parse_hlo_file
 from planner.hlo.structure.frontend import MAXTEXT, front_end_of
 from planner.memory import CHIPS, memory_report
-from planner.memory.report import HEAP_PACKING, MemoryReport
+from planner.memory.report import MemoryReport
 from planner.plan.similar_steps import StepTraits
 from planner.plan.verdict import DOES_NOT_FIT, FITS, band_of, call
 from planner.prepare import PreparedModule, prepare
@@ -75,12 +75,6 @@ def _record(name: str) -> dict:
 def _prepare(name: str, form: str, record: dict) -> PreparedModule:
     """The step's form, prepared as the libtpu that compiled it."""
     return prepare(parse_hlo_file(FIXTURES / f"{name}.{form}"), _chip(record), libtpu=record["libtpu"])
-
-
-def _compared(report: MemoryReport, compiled: bool) -> int:
-    """Our bytes as XLA:TPU's number counts them: a step it refuses is quoted before its heap is packed (the 405B
-    step's refused buffer assignment holds a heap exactly its live peak, under both partitioners)."""
-    return report.total_bytes - (0 if compiled else report.breakdown.get(HEAP_PACKING, 0))
 
 
 def _chip(record: dict) -> str:
@@ -145,7 +139,7 @@ def test_a_maxtext_steps_bytes_and_verdict_against_xla_tpu(name: str) -> None:
     record, prepared, report, result = _planned(name)
     chip = _chip(record)
     xla, compiled = reference_bytes(record)
-    ours = _compared(report, compiled)
+    ours = compared_bytes(report, compiled)
     exact = propagation_agreement(prepared, result, record["tpu"]["post_partition_while_shapes"]) == "exact"
     assert exact != ("hlo.gz" in LOOPS_DIFFER.get(name, ()))
     assert abs(ours - xla) / xla <= WORST_ERROR, (ours, xla)
@@ -179,7 +173,7 @@ def test_todays_libtpu_steps_within_5_percent_of_xla_tpu_stay_as_many_as_measure
     for name in (n for n in STEPS if n.startswith(TODAYS_LIBTPU)):
         record, _, report, _ = _planned(name)
         xla, compiled = reference_bytes(record)
-        errors[name] = abs(_compared(report, compiled) - xla) / xla
+        errors[name] = abs(compared_bytes(report, compiled) - xla) / xla
     within = [n for n, e in errors.items() if e <= 0.05]
     assert len(within) >= WITHIN_5_PERCENT, sorted((round(e, 3), n) for n, e in errors.items() if e > 0.05)
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 # A reference of the same libtpu, partitioner or chip counts this many times one that differs.
 SAME_LIBTPU, SAME_PARTITIONER, SAME_CHIP = 4.0, 2.0, 2.0
-# A reference k times larger or smaller (bytes per chip) counts 1/k as much.
 # The band's percentiles, and what widens them: a percentile of a few dozen steps is itself uncertain.
 LOW_QUANTILE, HIGH_QUANTILE = 0.05, 0.95
 SIMILAR_MARGIN = 0.02
@@ -53,6 +52,8 @@ class StepTraits:
 
 
 def weight(step: StepTraits, reference: ReferenceStep) -> float:
+    """How much `reference` says of `step`: the same libtpu, partitioner and chip multiply it, and a reference k
+    times larger or smaller (bytes per chip) counts 1/k as much."""
     w = SAME_LIBTPU if reference.libtpu == step.libtpu else 1.0
     w *= SAME_PARTITIONER if reference.partitioner == step.partitioner else 1.0
     w *= SAME_CHIP if reference.chip == step.chip else 1.0

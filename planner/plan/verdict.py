@@ -78,13 +78,12 @@ def band_of(compiler: str, partitioner: str, front_end: str, step: StepTraits | 
     under both), then JAX's band. A population's widest error would widen the verdict of every MaxText step by a
     grid step unlike it (the JAX grid's GSPMD band on XLA:TPU spans -35% to +41%, MaxText's -11% to +4%)."""
     if step is not None:
-        references = [ReferenceStep(**r) for r in reference_steps(compiler, front_end)]
-        similar = similar_band(step, [r for r in references])
+        similar = similar_band(step, [ReferenceStep(**r) for r in reference_steps(compiler, front_end)])
         if similar is not None:
             count, under, over = similar
-            name = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
-            label = f"{name} {front_end} steps most like this one"
-            return Band(label, count, max(under, -0.95), over)
+            return Band(
+                f"{_compiler_name(compiler)} {front_end} steps most like this one", count, max(under, -0.95), over
+            )
     kinds = [f"{partitioner}/{front_end}"]
     if front_end == MAXTEXT:
         kinds += [f"{ANY_PARTITIONER}{MAXTEXT}", f"{partitioner}/{JAX}"]
@@ -92,9 +91,13 @@ def band_of(compiler: str, partitioner: str, front_end: str, step: StepTraits | 
     if found is None:
         return None
     kind, num_cases, under, over = found
-    name = {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
+    name = _compiler_name(compiler)
     label = f"{name} {kind}" if kind != "all" else f"all of {name}'s"
     return Band(label, num_cases, max(under - VERDICT_MARGIN, -0.95), over + VERDICT_MARGIN)
+
+
+def _compiler_name(compiler: str) -> str:
+    return {"cpu": "XLA:CPU", "tpu": "XLA:TPU"}.get(compiler, compiler)
 
 
 def verify_command(mesh: Mesh | None, chip: str | None, capacity_bytes: int | None) -> str:
