@@ -6,7 +6,7 @@ Each step is a `fidelity.run_maxtext` record (MaxText's `train_compile` for a TP
 with its three text forms, in DIR or a folder under it (one per libtpu: `libtpu_0_0_52/`). Each is prepared
 as the libtpu that compiled it (`prepare(..., libtpu=)`). Prints a markdown table: per step and form, our HBM
 per chip for the step's chip, XLA:TPU's (its buffer assignment's HBM total,
-`fidelity.run_maxtext.reference_bytes`: what it allocated, or what it needed when it refused the step), the
+`fidelity.memory_stats.reference_bytes`: what it allocated, or what it needed when it refused the step), the
 signed error, XLA:TPU's verdict and ours (`planner.plan.verdict.call` with the band a plan draws for the
 step), whether our per-device While shapes equal XLA:TPU's, and the seconds the plan took (parse,
 propagation, memory) against XLA:TPU's compile of the step in the same record. Then the error's spread per
@@ -40,7 +40,7 @@ def _path(directory: Path, name: str, form: str) -> Path:
 
 
 def rows(directory: Path) -> list[dict[str, object]]:
-    from fidelity.run_maxtext import compared_bytes, reference_bytes
+    from fidelity.memory_stats import compared_bytes, reference_bytes
     from fidelity.sweep import propagation_agreement
     from planner import parse_hlo_file
     from planner.errors import PlannerError

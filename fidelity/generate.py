@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from fidelity.cases import FIXTURE_CASES, Case, case_named
+from fidelity.memory_stats import reference_bytes
 from fidelity.record import runner_environment
 
 RUNNERS = {"jax": "fidelity.run_jax", "torch_xla": "fidelity.run_torch_xla"}
@@ -58,8 +59,10 @@ def summary(record_path: Path, seconds: float) -> str:
     whiles = record.get("post_partition_while_shapes") or record.get("xla_post_partition_while_shapes") or []
     line = f"{record['name']}: XLA:CPU {total / 2**20:,.1f} MiB per device, Whiles {_arities(whiles)}"
     if tpu := record.get("tpu"):
+        needed, compiled = reference_bytes(record)
+        held = f"{needed / 2**20:,.1f} MiB" if compiled else f"refuses it, needs {needed / 2**20:,.1f} MiB"
         line += (
-            f"; XLA:TPU {tpu.get('hbm_bytes', tpu['memory']['total_bytes']) / 2**20:,.1f} MiB, Whiles "
+            f"; XLA:TPU {held}, Whiles "
             f"{_arities(tpu.get('post_partition_while_shapes', []))}, compile {tpu['compile_seconds']:.1f} s"
         )
     return (

@@ -36,7 +36,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.dumps import DUMP_PASS_RE, largest_module, while_shapes
-from fidelity.memory_stats import memory_record
+from fidelity.memory_stats import hbm_oom, memory_record, reference_bytes
 
 
 def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[str]) -> list[str]:
@@ -61,52 +60,6 @@ def maxtext_argv(model: str, topology: str, layers: int | None, overrides: list[
 
 class StepDoesNotFit(Exception):
     """XLA:TPU refused the step: it needs more HBM per chip than the chip has."""
-
-
-_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_SIZE = r"([\d.]+)([KMGT])"
-# libtpu's two spellings of one total (`Used 42.79G of 31.24G hbm`; `the total memory required for HLO
-# temporaries (36.62G) exceeds available HBM (31.24G)`, which counts the parameters' allocations too).
-_USED = re.compile(rf"Used {_SIZE} of {_SIZE} hbm")
-_TEMPORARIES = re.compile(rf"required for HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
-
-
-def _bytes(number: str, unit: str) -> int:
-    return round(float(number) * _UNITS[unit])
-
-
-def hbm_oom(message: str) -> dict[str, Any] | None:
-    """XLA:TPU's compile-time HBM out-of-memory error, read (its units are binary): the HBM per chip it says
-    the step needs (`needed_bytes`, in either spelling) and what is available; None for any other error."""
-    line = next((ln.strip() for ln in message.splitlines() if "HBM" in ln or "hbm" in ln), message.strip())[:500]
-    found = _USED.search(message) or _TEMPORARIES.search(message)
-    if found is None:
-        return None
-    groups = found.groups()
-    return {"message": line, "needed_bytes": _bytes(*groups[:2]), "available_bytes": _bytes(*groups[2:])}
-
-
-def reference_bytes(record: dict[str, Any]) -> tuple[int, bool]:
-    """What XLA:TPU holds per chip in HBM for a recorded step, and whether it compiled the step.
-
-    Its buffer assignment's HBM total where the report was kept; else, for a refused step, the total its
-    out-of-memory error quotes (the same number), and for a compiled one its memory statistics' total."""
-    tpu = record["tpu"]
-    compiled = "memory" in tpu
-    if "hbm_bytes" in tpu:
-        return int(tpu["hbm_bytes"]), compiled
-    if compiled:
-        return int(tpu["memory"]["total_bytes"]), True
-    return int(tpu["oom"]["needed_bytes"]), False
-
-
-def compared_bytes(report: Any, compiled: bool) -> int:
-    """Our bytes per chip (a `planner.memory.MemoryReport`) as `reference_bytes` counts XLA:TPU's: a step it
-    refuses is quoted before its heap is packed (the 405B step's refused buffer assignment holds a heap exactly
-    its live peak, under both partitioners), so the heap's packing is left out of ours too."""
-    from planner.memory.report import HEAP_PACKING
-
-    return int(report.total_bytes) - (0 if compiled else int(report.breakdown.get(HEAP_PACKING, 0)))
 
 
 def _capture_lowered(out_dir: Path, name: str, seen: dict[str, Any]) -> None:

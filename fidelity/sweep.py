@@ -31,6 +31,7 @@ from fidelity.agreement import (
 )
 from fidelity.cases import CASES, CI_CASES, FRONT_ENDS, Case, case_named
 from fidelity.lowered import lowered_form
+from fidelity.memory_stats import compared_bytes, reference_bytes
 from fidelity.placement_check import PlacementCheck, check_change_set
 from fidelity.references import ensure_references, reference_path, xla_dump_path
 from fidelity.stablehlo_forms import ensure_stablehlo_forms, stablehlo_path
@@ -82,13 +83,12 @@ class Row:
 
 def compiler_bytes(record: dict[str, object], backend: str) -> int:
     """The compiler's bytes per device: XLA:CPU's argument + output + temp - alias (torch_xla: its buffer
-    assignment), XLA:TPU's HBM (`fidelity.memory_stats`; its statistics' total where a record predates it)."""
+    assignment), XLA:TPU's HBM (`fidelity.memory_stats.reference_bytes`: what it allocated, or what its refusal
+    says the step needs)."""
     if backend == "cpu":
         memory = record.get("memory")
         return int(memory["total_bytes"]) if memory else int(record["xla_per_device_total_bytes"])  # type: ignore[index,call-overload]
-    tpu = record["tpu"]
-    hbm = tpu.get("hbm_bytes")  # type: ignore[attr-defined]
-    return int(hbm if hbm is not None else tpu["memory"]["total_bytes"])  # type: ignore[index]
+    return reference_bytes(record)[0]
 
 
 def predict(case: Case, check_placements: bool = False) -> list[Row]:
@@ -123,7 +123,10 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
             names = record.get("instruction_shardings_keys", "source") == "source"
             xla = record.get("instruction_shardings") or record.get("xla_instruction_shardings")
             shardings = sharding_agreement(prepared, result, xla) if xla and names else None
-        total = memory_report(prepared, result=result).total_bytes
+        report = memory_report(prepared, result=result)
+        total = report.total_bytes
+        # A step XLA:TPU refuses is quoted before its heap is packed (`compared_bytes`).
+        ours = compared_bytes(report, "oom" not in tpu) if compiler == "tpu" else total
         gradients, placement, recommends, lowered, stablehlo, dump = None, None, None, None, None, None
         if case.front_end == "jax":
             lowered = _lowered_agrees(hlo, backend, result, total)
@@ -136,7 +139,7 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
                 placement = check_change_set(
                     module, prepared.written_front, patched, plan, case.mesh.num_devices, topology
                 )
-        rows.append(Row(case, backend, compiler_bytes(record, compiler), total,
+        rows.append(Row(case, backend, compiler_bytes(record, compiler), ours,
                         propagation_agreement(prepared, result, whiles), shardings, gradients, placement,
                         recommends, lowered, stablehlo, dump))  # fmt: skip
     return rows
@@ -229,13 +232,15 @@ def _dump_agrees(case: Case, backend: str, dump_result: PropagationResult, dump_
 
 def _gradients_found(
     prepared: PreparedModule, record: dict[str, Any], compiler: str
-) -> tuple[tuple[int, int], tuple[Plan, HloModule]]:
-    """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds; and the plan
-    with its patched module."""
+) -> tuple[tuple[int, int] | None, tuple[Plan, HloModule]]:
+    """Of the gradient outputs the compiler leaves under-sharded, how many our plan for it finds (None where it
+    refused the step: a refusal has no outputs); and the plan with its patched module."""
     from planner.plan.planner import make_plan
 
-    expected = under_sharded_gradients(record, compiler)
     plan, patched = make_plan(prepared)
+    if compiler == "tpu" and "output_shardings" not in record["tpu"]:
+        return None, (plan, patched)
+    expected = under_sharded_gradients(record, compiler)
     return (len(expected & gradient_outputs_found(prepared, plan)), len(expected)), (plan, patched)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS, REPO
 
-from fidelity.run_maxtext import compared_bytes, reference_bytes
+from fidelity.memory_stats import compared_bytes, reference_bytes
 from fidelity.sweep import propagation_agreement
 from planner import parse_hlo_file
 from planner.hlo.structure.frontend import MAXTEXT, front_end_of
@@ -122,9 +122,13 @@ def test_a_refusal_quotes_the_hbm_total_of_xla_tpus_buffer_assignment() -> None:
         assert abs(needed - (total - thread_local)) <= 0.005 * 2**30, name
 
 
-# Today's worst error against XLA:TPU's HBM, as a regression bound (the goal: none worse than 10%): DeepSeek-V2
-# at 2 layers on v5p-16, libtpu 0.0.52, +12.2% (its layer scans carry two elements more than XLA:TPU's).
-WORST_ERROR = 0.123
+# Today's worst error against XLA:TPU's HBM, as a regression bound (the goal: none worse than 10%, met by every step
+# but one): DeepSeek-V2 at 2 layers on v6e-16 under Shardy, -11.5% (libtpu 0.0.50.1) and -11.2% (0.0.52). Its
+# scans run once each; XLA's while-loop simplifier removes such loops after partitioning, and CSE then merges the
+# forward and backward all-gathers of the MoE layer's weights (three in its optimized module, not six), so XLA:TPU
+# holds 3 x 352 MiB of gathered expert weights from the forward pass to the backward, beside the 400 MiB gathered
+# embedding; the model keeps the loops.
+WORST_ERROR = 0.116
 
 
 def _planned(name: str) -> tuple[dict, PreparedModule, MemoryReport, object]:
@@ -164,8 +168,8 @@ def test_todays_libtpu_grid_has_full_size_offloaded_and_both_partitioners_steps(
     assert any("offloaded" in " ".join(r["overrides"]) for r in records)
 
 
-# Today's libtpu steps within 5% of XLA:TPU's HBM, as measured (31 of 43): a regression bound. The goal is 90%.
-WITHIN_5_PERCENT = 31
+# Today's libtpu steps within 5% of XLA:TPU's HBM, as measured (34 of 43): a regression bound. The goal is 90%.
+WITHIN_5_PERCENT = 34
 
 
 def test_todays_libtpu_steps_within_5_percent_of_xla_tpu_stay_as_many_as_measured() -> None:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 from planner import parse_hlo, parse_hlo_file
@@ -22,7 +23,7 @@ LLAMA = "maxtext_llama3-8b_L32_v6e-8_gspmd"
 
 EMBEDDING = """HloModule m, num_partitions=8
 ENTRY e {
-  table = bf16[1024,2048] parameter(0), sharding={devices=[1,8]<=[8]}
+  table = bf16[32768,2048] parameter(0), sharding={devices=[1,8]<=[8]}
   ids = s32[64] parameter(1), sharding={replicated}
   ROOT rows = bf16[64,2048] gather(table, ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,2048}, sharding={devices=[1,8]<=[8]}
 }
@@ -38,19 +39,19 @@ def _sparse_core_bytes(text: str, chip: str, libtpu: str) -> int:
 
 
 def test_a_row_gather_holds_three_tables_its_indices_and_its_rows_from_libtpu_0_0_52_on_v5p() -> None:
-    table, ids, rows = 1024 * 256 * 2, 64 * 4, 64 * 256 * 2  # per device: the table and the rows split 8 ways
+    table, ids, rows = 32768 * 256 * 2, 64 * 4, 64 * 256 * 2  # per device: the table and the rows split 8 ways
     assert _sparse_core_bytes(EMBEDDING, "v5p", "0.0.52") == 3 * (table + ids) + rows
 
 
 def test_v6e_gathers_a_table_of_32_mib_or_less_on_its_tensor_core_and_v5p_on_its_sparse_cores() -> None:
     """Mixtral's 31.25 MiB embedding table on v6e-8 holds no thread-local copy; on v5p its 16 MiB expert-routing
     tables do."""
-    small = EMBEDDING  # a 4 MiB table per device
+    small = EMBEDDING  # a 16 MiB table per device
     assert _sparse_core_bytes(small, "v6e", "0.0.52") == 0
     assert _sparse_core_bytes(small, "v5p", "0.0.52") > 0
-    large = small.replace("bf16[1024,2048]", "bf16[65536,2048]")  # 32 MiB per device: still not on v6e
+    large = small.replace("bf16[32768,2048]", "bf16[65536,2048]")  # 32 MiB per device: still not on v6e
     assert _sparse_core_bytes(large, "v6e", "0.0.52") == 0
-    larger = small.replace("bf16[1024,2048]", "bf16[65600,2048]")
+    larger = small.replace("bf16[32768,2048]", "bf16[65600,2048]")
     assert _sparse_core_bytes(larger, "v6e", "0.0.52") == 3 * (65600 * 256 * 2 + 64 * 4) + 64 * 256 * 2
 
 
@@ -68,21 +69,58 @@ def test_a_gather_of_parts_of_rows_is_not_offloaded() -> None:
     assert offloaded_gathers(prepared.module, propagate(prepared)) == []
 
 
-def test_the_tables_are_the_thread_local_allocations_xla_tpu_made() -> None:
-    """What XLA:TPU's buffer assignment allocated thread-local (1 MiB and more) on MaxText's Llama 3 8B step: three
-    bf16[128256,512] tables and the looked-up rows; the model's bytes add the three s32[16384] index copies."""
-    record = json.loads((FIXTURES / f"{LLAMA}.xla.json").read_text())
+def _steps_with_thread_local_allocations() -> list[str]:
+    """libtpu 0.0.52's MaxText steps whose record keeps XLA:TPU's thread-local allocations (1 MiB and more)."""
+    found = []
+    for path in sorted(FIXTURES.glob("*.xla.json")):
+        heap = json.loads(path.read_text())["tpu"].get("heap") or {}
+        if "thread_local" in heap:
+            found.append(path.name.removesuffix(".xla.json"))
+    return found
+
+
+@pytest.mark.parametrize("name", _steps_with_thread_local_allocations())
+def test_the_tables_are_the_thread_local_allocations_xla_tpu_made(name: str) -> None:
+    """What XLA:TPU's buffer assignment allocated thread-local (1 MiB and more) on each of libtpu 0.0.52's MaxText
+    steps, to the byte: the tables' copies and the rows in their tiled layout (Gemma 3 4B's 320 columns held as
+    384), none for a table of 32 MiB or less on v6e or of 8 MiB or less on v5p, none for DeepSeek-V2's complex
+    rotary table. The model's bytes add the indices' copies, which the record leaves out (under 1 MiB)."""
+    record = json.loads((FIXTURES / f"{name}.xla.json").read_text())
     xla = sum(a["bytes"] for a in record["tpu"]["heap"]["thread_local"])
-    prepared = prepare(parse_hlo_file(FIXTURES / f"{LLAMA}.hlo.gz"), "v6e", libtpu=record["libtpu"])
-    gathers = offloaded_gathers(prepared.module, propagate(prepared))
-    assert len(gathers) == 1
-    ours = gathers[0].thread_local_bytes(prepared.target.sparse_core_table_copies)
-    assert ours == xla + 3 * 16384 * 4
+    chip = record["topology"].split("-")[0]
+    prepared = prepare(parse_hlo_file(FIXTURES / f"{name}.hlo.gz"), chip, libtpu=record["libtpu"])
+    copies = prepared.target.sparse_core_table_copies
+    gathers = offloaded_gathers(prepared.module, propagate(prepared), prepared.target.sparse_core_min_table_bytes)
+    ours = sum(g.thread_local_bytes(copies) - copies * g.indices_bytes for g in gathers) if copies else 0
+    assert ours == xla
+
+
+def test_a_table_is_held_in_tiles_of_8_rows_and_128_columns() -> None:
+    """A bf16[32768,2400] table split 8 ways holds bf16[32768,300] per device, laid out as bf16[32768,384]."""
+    odd = EMBEDDING.replace(",2048]", ",2400]").replace("slice_sizes={1,2048}", "slice_sizes={1,2400}")
+    table, ids, rows = 32768 * 384 * 2, 64 * 4, 64 * 384 * 2
+    assert _sparse_core_bytes(odd, "v5p", "0.0.52") == 3 * (table + ids) + rows
+
+
+def test_a_complex_table_stays_on_the_tensor_core() -> None:
+    complex_table = EMBEDDING.replace("bf16[32768,2048] parameter", "c64[32768,2048] parameter").replace(
+        "bf16[64,2048] gather", "c64[64,2048] gather"
+    )
+    assert _sparse_core_bytes(complex_table, "v5p", "0.0.52") == 0
+
+
+def test_v5p_leaves_a_table_of_8_mib_or_less_on_its_tensor_core() -> None:
+    """Llama 2 70B's embedding on v5p-128 (7.8 MiB per device) holds no thread-local copy; Mixtral's 16 MiB
+    routing tables on v5p-8 do."""
+    at_8_mib = EMBEDDING.replace("bf16[32768,2048]", "bf16[16384,2048]")  # 8 MiB per device
+    assert _sparse_core_bytes(at_8_mib, "v5p", "0.0.52") == 0
+    above = EMBEDDING.replace("bf16[32768,2048]", "bf16[16400,2048]")
+    assert _sparse_core_bytes(above, "v5p", "0.0.52") > 0
 
 
 def test_the_command_line_takes_the_libtpu_release_and_refuses_a_malformed_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
     step = tmp_path / "embedding.hlo"
-    step.write_text(EMBEDDING.replace("bf16[1024,2048]", "bf16[262144,2048]"))  # 128 MiB per device
+    step.write_text(EMBEDDING.replace("bf16[32768,2048]", "bf16[262144,2048]"))  # 128 MiB per device
     totals = {}
     for release in ("0.0.50.1", "0.0.52"):
         out = subprocess.run([sys.executable, "-m", "planner", "memory", str(step), "--chip", "v6e", "--libtpu",

@@ -96,7 +96,8 @@ def estimate_module(
     # The calls left after propagation (a shard_map's body) are inlined before XLA assigns buffers: an
     # operand the body reads only early dies inside it, before the outputs it returns are written.
     module = inline_calls(module, which=lambda inst: inst.opcode == "call").module
-    model = ValueModel(module, result, backend_of(target).compiler != "cpu")
+    backend = backend_of(target)
+    model = ValueModel(module, result, backend.compiler != "cpu", backend.all_reduces_in_place)
     model.build()
     estimate = _estimate_in_order(module, result, mesh, target, model)
     if module is not given:
@@ -131,7 +132,7 @@ def _estimate_in_order(
     value model, when already built)."""
     backend = backend_of(target)
     if model is None:
-        model = ValueModel(module, result, backend.compiler != "cpu")
+        model = ValueModel(module, result, backend.compiler != "cpu", backend.all_reduces_in_place)
         model.build()
     uf = model.uf
     groups: dict[Value, list[Value]] = {}

@@ -14,9 +14,14 @@ live only around the gather.
 Not every row gather is offloaded. On v6e only a table of more than 32 MiB per device is: the embedding
 tables of 31.25 and 31.3 MiB (Mixtral 8x7B on v6e-8, Llama 3 8B on v6e-32, Llama 3.1 70B on v6e-64) and
 DeepSeek-V2's 24 MiB expert-routing gathers (v6e-16) hold no thread-local table; tables of 62.6 MiB and more
-(Llama 3 8B on v6e-16 and v6e-8, Gemma 2 9B, Gemma 3 4B, Qwen3 8B) hold three. On v5p every one is, down
-to Mixtral's 16 MiB expert-routing gathers (v5p-8, v5p-16) and DeepSeek-V2's 24 MiB ones on v5p-16
-(`Backend.sparse_core_min_table_bytes`).
+(Llama 3 8B on v6e-16 and v6e-8, Gemma 2 9B, Gemma 3 4B, Qwen3 8B) hold three. On v5p a table of more than
+8 MiB is: down to Mixtral's 16 MiB expert-routing gathers (v5p-8, v5p-16) and DeepSeek-V2's 24 MiB ones on
+v5p-16, where Llama 2 70B's 7.8 MiB embedding shard on v5p-128 holds none
+(`Backend.sparse_core_min_table_bytes`). A table of complex numbers is not offloaded on either chip:
+DeepSeek-V2's c64[163840,32] rotary table (40 MiB, replicated) is gathered four times a step and holds no
+thread-local copy on v6e-16 or v5p-16, where its 24 MiB bf16 routing tables and its embedding table on v5p-16
+hold three each. The tables and rows are held in XLA:TPU's tiled layout (`tpu_tiling`): Gemma 3 4B's
+bf16[262144,320] shard holds 192 MiB, its 320 columns padded to 384.
 
 Measured on MaxText's Llama 3 8B step (v6e-8, fsdp 8): three allocations of bf16[128256,512]
 (125.25 MiB each, the bf16 table's shard), one of bf16[16384,512] (16 MiB, the looked-up rows) and three
@@ -26,11 +31,13 @@ beside a heap 0.1 GiB larger. Mixtral 8x7B (v5p-8) likewise holds three copies o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.hlo.ir.module import HloModule, Instruction
-from planner.hlo.ir.shapes import ArrayShape
+from planner.hlo.ir.shapes import ELEMENT_BITS, ArrayShape
 from planner.memory.buffers import per_device_bytes, sharding_of
+from planner.memory.tpu_tiling import tiled_bytes
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding, Kind
 
@@ -52,9 +59,15 @@ class OffloadedGather:
         return copies * (self.table_bytes + self.indices_bytes) + self.result_bytes
 
 
+# Element types whose tables stay on the TensorCore (measured: DeepSeek-V2's c64 rotary table).
+_NOT_OFFLOADED_TYPES = frozenset({"c64", "c128"})
+
+
 def is_row_gather(inst: Instruction, operand: Instruction) -> bool:
-    """A gather of whole rows of a rank-2 table, one row per index: what libtpu offloads to SparseCore."""
+    """A gather of whole rows of a rank-2 real table, one row per index: what libtpu offloads to SparseCore."""
     if inst.opcode != "gather" or not isinstance(operand.shape, ArrayShape) or operand.shape.rank != 2:
+        return False
+    if operand.shape.element_type in _NOT_OFFLOADED_TYPES:
         return False
     slice_sizes = tuple(inst.attr("slice_sizes", ()))
     return (
@@ -67,7 +80,8 @@ def is_row_gather(inst: Instruction, operand: Instruction) -> bool:
 
 def offloaded_gathers(module: HloModule, result: PropagationResult, min_table_bytes: int = 0) -> list[OffloadedGather]:
     """Every row gather of `module` whose table holds more than `min_table_bytes` per device, each once wherever
-    it runs (a loop body's is one computation)."""
+    it runs (a loop body's is one computation). The table's and the rows' bytes are those of XLA:TPU's tiled
+    row-major layout (`tpu_tiling`), as its thread-local allocations hold them."""
     found = []
     for comp in module.computations:
         for inst in comp:
@@ -78,36 +92,44 @@ def offloaded_gathers(module: HloModule, result: PropagationResult, min_table_by
                 continue
             assert isinstance(table.shape, ArrayShape)
             table_sharding = sharding_of(result, table.name)
-            table_bytes = per_device_bytes(table.shape, table_sharding)
-            if table_bytes <= min_table_bytes:
+            if per_device_bytes(table.shape, table_sharding) <= min_table_bytes:
                 continue
+            rows, columns = _table_shard(table.shape, table_sharding)
+            num_indices = _num_indices(indices, table_sharding, result)
             found.append(
                 OffloadedGather(
                     comp.name,
                     inst.name,
                     table.shape,
                     table_sharding,
-                    table_bytes,
-                    _indices_bytes(indices, table_sharding, result),
-                    _bytes(inst, result),
+                    tiled_bytes(table.shape.element_type, (rows, columns)),
+                    num_indices * ELEMENT_BITS[_element_type(indices)] // 8,
+                    tiled_bytes(table.shape.element_type, (num_indices, columns)),
                 )
             )
     return found
 
 
-def _indices_bytes(indices: Instruction, table_sharding: HloSharding | None, result: PropagationResult) -> int:
-    """The indices each device gathers with. A table split along its rows only (each device holds a slice of
-    every row) is gathered for every index on every device: the partitioner replicates the indices (MaxText's
-    Llama 3 8B on v6e-8: s32[16384], all 8 x 2,048 tokens)."""
-    if (
-        table_sharding is not None
-        and table_sharding.kind is Kind.TILED
-        and table_sharding.data_tile_dims[0] == 1
-        and isinstance(indices.shape, ArrayShape)
-    ):
-        return indices.shape.byte_size
-    return _bytes(indices, result)
+def _table_shard(table: ArrayShape, sharding: HloSharding | None) -> tuple[int, int]:
+    rows, columns = sharding.shard_shape(table.dims) if sharding is not None else table.dims
+    return rows, columns
 
 
-def _bytes(inst: Instruction, result: PropagationResult) -> int:
-    return per_device_bytes(inst.shape, sharding_of(result, inst.name)) if isinstance(inst.shape, ArrayShape) else 0
+def _num_indices(indices: Instruction, table_sharding: HloSharding | None, result: PropagationResult) -> int:
+    """How many rows each device gathers. From a table split across devices every device gathers every index
+    from its own shard (the partitioner replicates the indices and masks the rows it does not hold): MaxText's
+    Llama 3 8B on v6e-8, its table split along its columns, gathers s32[16384], all 8 x 2,048 tokens, into
+    bf16[16384,512]; split along rows and columns (fsdp 4 x tp 2), bf16[16384,1024]. A device's own indices
+    otherwise (a manual computation's)."""
+    if not isinstance(indices.shape, ArrayShape):
+        return 0
+    if table_sharding is not None and table_sharding.kind is Kind.TILED:
+        return math.prod(indices.shape.dims)
+    sharding = sharding_of(result, indices.name)
+    dims = sharding.shard_shape(indices.shape.dims) if sharding is not None else indices.shape.dims
+    return math.prod(dims)
+
+
+def _element_type(inst: Instruction) -> str:
+    assert isinstance(inst.shape, ArrayShape)
+    return inst.shape.element_type

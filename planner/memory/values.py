@@ -55,10 +55,18 @@ class UnionFind:
 
 
 class ValueModel:
-    def __init__(self, module: HloModule, result: PropagationResult, accelerator: bool = False) -> None:
+    def __init__(
+        self,
+        module: HloModule,
+        result: PropagationResult,
+        accelerator: bool = False,
+        all_reduces_in_place: bool = False,
+    ) -> None:
         self.module = module
         self.result = result
         self.accelerator = accelerator  # fused the way XLA:TPU and XLA:GPU fuse (`materialises`)
+        # The backend's all-reduce writes over its operand (`Backend.all_reduces_in_place`).
+        self.all_reduces_in_place = all_reduces_in_place
         self.uf = UnionFind()
         self.allocating: set[Value] = set()  # values that need memory of their own
         self.size: dict[Value, int] = {}
@@ -97,6 +105,8 @@ class ValueModel:
                     self.host_starts += [self.value(comp.name, start, 0) for start, _ in offload_starts(comp, inst)]
         self.outputs_in_parameters = outputs_in_parameter_buffers(self.module, self.result)
         self._outputs_reuse_dying_operands()
+        if self.all_reduces_in_place:
+            self._all_reduces_write_in_place()
 
     def _outputs_reuse_dying_operands(self) -> None:
         """An elementwise output writes into the buffer of an operand that dies there.
@@ -138,6 +148,34 @@ class ValueModel:
                 if _only_reader(entry, members.get(group, set())) == name:
                     self.uf.union(source, out)
                     break
+
+    def _all_reduces_write_in_place(self) -> None:
+        """XLA:TPU's all-reduce writes its result over its operand when nothing reads the operand after it.
+
+        XLA:TPU runs an all-reduce as `all-reduce-start`/`all-reduce-done`, and the start is one of XLA's in-place
+        ops (`HloDataflowAnalysis::GetInPlaceInputOutputPairs`: operand k and result k share a
+        buffer); copy insertion adds a copy only where the operand is still read afterwards or is an entry
+        parameter. A shard_map's explicit `psum` of a weight gradient (Mixtral's and DeepSeek-V2's expert
+        gradients, 896 and 352 MiB per device) so holds one buffer, not two.
+        """
+        parameters = {self.uf.find(v) for v in self._entry_parameter_values()}
+        for comp in self.module.computations:
+            reduces = [inst for inst in comp.instructions if inst.opcode == "all-reduce"]
+            if not reduces:
+                continue
+            members: dict[Value, set[Value]] = {}
+            for v in self.values_in.get(comp.name, []):
+                members.setdefault(self.uf.find(v), set()).add(v)
+            for inst in reduces:
+                for k, operand in enumerate(inst.operands):
+                    if inst.operands.count(operand) != 1 or not isinstance(comp[operand].shape, ArrayShape):
+                        continue
+                    out, source = self.value(comp.name, inst.name, k), self.value(comp.name, operand, 0)
+                    group = self.uf.find(source)
+                    if out not in self.size or self.size.get(source) != self.size[out] or group in parameters:
+                        continue
+                    if _only_reader(comp, members.get(group, set())) == inst.name:
+                        self.uf.union(source, out)
 
     def _same_buffer(self, comp: Computation, a: str, b: str) -> bool:
         return self.uf.find(self.value(comp.name, a, 0)) == self.uf.find(self.value(comp.name, b, 0))
