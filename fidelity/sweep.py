@@ -126,7 +126,7 @@ def predict(case: Case, check_placements: bool = False) -> list[Row]:
         report = memory_report(prepared, result=result)
         total = report.total_bytes
         # A step XLA:TPU refuses is quoted before its heap is packed (`compared_bytes`).
-        ours = compared_bytes(report, "oom" not in tpu) if compiler == "tpu" else total
+        ours = compared_bytes(report, reference_bytes(record)[1]) if compiler == "tpu" else total
         gradients, placement, recommends, lowered, stablehlo, dump = None, None, None, None, None, None
         if case.front_end == "jax":
             lowered = _lowered_agrees(hlo, backend, result, total)
@@ -238,7 +238,7 @@ def _gradients_found(
     from planner.plan.planner import make_plan
 
     plan, patched = make_plan(prepared)
-    if compiler == "tpu" and "output_shardings" not in record["tpu"]:
+    if compiler == "tpu" and not reference_bytes(record)[1]:
         return None, (plan, patched)
     expected = under_sharded_gradients(record, compiler)
     return (len(expected & gradient_outputs_found(prepared, plan)), len(expected)), (plan, patched)

@@ -107,8 +107,9 @@ LIBTPU_RELEASE = r"\d+(\.\d+){2,3}"
 
 # Chips whose SparseCores libtpu offloads gathers of table rows to: how many thread-local copies of the table
 # today's libtpu holds per gather, and the smallest table (bytes per device) it offloads (`planner.memory.
-# sparse_core`, measured on MaxText's steps: v6e leaves tables of 31.3 MiB and offloads 62.6; v5p leaves Llama 2
-# 70B's 7.8 MiB on v5p-128 and offloads Mixtral's 16 MiB). v5e has no SparseCore; v4's are not measured.
+# sparse_core`, bracketed on MaxText's steps: v6e leaves tables of 31.3 MiB and offloads 62.6; v5p leaves Llama 2
+# 70B's 7.8 MiB on v5p-128 and offloads Mixtral's 16 MiB; each floor is a round number inside its bracket). v5e
+# has no SparseCore; v4's are not measured.
 SPARSE_CORES: dict[str, tuple[int, int]] = {"v6e": (3, 32 * MIB), "v5p": (3, 8 * MIB)}
 
 

@@ -31,15 +31,19 @@ ENTRY e {
 """
 
 
-def _shares(text: str, chip: str) -> bool:
-    """Whether `partial` and `summed` are one buffer."""
+def _buffers(text: str, chip: str) -> list[set[str]]:
+    """The instructions whose values each buffer of the step holds."""
     prepared = prepare(parse_hlo(text), chip)
     estimate = estimate_module(prepared.module, propagate(prepared), prepared.mesh, prepared.target)
-    for buffer in estimate.buffers:
-        names = {name for _, name, _ in buffer.values}
-        if "partial" in names:
-            return "summed" in names
-    raise AssertionError("no buffer holds `partial`")
+    return [{name for _, name, _ in buffer.values} for buffer in estimate.buffers]
+
+
+def _shares(text: str, chip: str, a: str = "partial", b: str = "summed") -> bool:
+    """Whether `a` and `b` are one buffer."""
+    for names in _buffers(text, chip):
+        if a in names:
+            return b in names
+    raise AssertionError(f"no buffer holds `{a}`")
 
 
 @pytest.mark.parametrize(("chip", "in_place"), [("v6e", True), ("v5p", True), ("cpu", False)])
@@ -49,6 +53,49 @@ def test_an_all_reduce_writes_over_an_operand_nothing_reads_after_it(chip: str, 
 
 def test_an_operand_read_after_the_all_reduce_keeps_its_own_buffer() -> None:
     assert not _shares(STEP.replace("LATER", "partial"), "v6e")
+
+
+def test_an_operand_the_step_returns_keeps_its_own_buffer() -> None:
+    returned = STEP.replace("LATER", "w").replace(
+        "ROOT next = f32[4096,4096] dot(summed, w)", "next = f32[4096,4096] dot(summed, w)"
+    )
+    returned = (
+        returned.rstrip().removesuffix("}") + "  ROOT out = (f32[4096,4096], f32[4096,4096]) tuple(next, partial)\n}\n"
+    )
+    assert not _shares(returned, "v6e")
+
+
+def test_an_entry_parameter_is_not_written_over() -> None:
+    reduced = STEP.replace("LATER", "w").replace("all-reduce(partial)", "all-reduce(x)")
+    assert not _shares(reduced, "v6e", "x")
+
+
+def test_a_result_returned_in_a_donated_parameter_keeps_the_operand_apart() -> None:
+    donated = (
+        STEP.replace(
+            "HloModule m, num_partitions=8",
+            "HloModule m, input_output_alias={ {}: (1, {}, may-alias) }, num_partitions=8",
+        )
+        .replace("LATER", "w")
+        .replace(
+            "ROOT next = f32[4096,4096] dot(summed, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={replicated}",
+            "",
+        )
+        .replace("summed = f32[4096,4096] all-reduce", "ROOT summed = f32[4096,4096] all-reduce")
+    )
+    assert not _shares(donated, "v6e")
+
+
+def test_chained_all_reduces_each_write_over_the_last() -> None:
+    chained = (
+        STEP.replace("LATER", "w")
+        .replace(
+            "  ROOT next",
+            "  again = f32[4096,4096] all-reduce(summed), replica_groups={}, to_apply=add, sharding={replicated}\n  ROOT next",
+        )
+        .replace("dot(summed, w)", "dot(again, w)")
+    )
+    assert _shares(chained, "v6e", "partial", "again")
 
 
 def test_mixtral_holds_three_expert_gradients_at_its_peak_as_xla_tpu_does() -> None:

@@ -11,16 +11,19 @@ nesting (the async computation, the call, the fusion: three copies), the indices
 fusion's result once. libtpu 0.0.50.1 compiles the same offload with the table and result in the heap,
 live only around the gather.
 
-Not every row gather is offloaded. On v6e only a table of more than 32 MiB per device is: the embedding
+Not every row gather is offloaded. On v6e a table of 31.3 MiB per device or less is not: the embedding
 tables of 31.25 and 31.3 MiB (Mixtral 8x7B on v6e-8, Llama 3 8B on v6e-32, Llama 3.1 70B on v6e-64) and
 DeepSeek-V2's 24 MiB expert-routing gathers (v6e-16) hold no thread-local table; tables of 62.6 MiB and more
-(Llama 3 8B on v6e-16 and v6e-8, Gemma 2 9B, Gemma 3 4B, Qwen3 8B) hold three. On v5p a table of more than
-8 MiB is: down to Mixtral's 16 MiB expert-routing gathers (v5p-8, v5p-16) and DeepSeek-V2's 24 MiB ones on
-v5p-16, where Llama 2 70B's 7.8 MiB embedding shard on v5p-128 holds none
-(`Backend.sparse_core_min_table_bytes`). A table of complex numbers is not offloaded on either chip:
-DeepSeek-V2's c64[163840,32] rotary table (40 MiB, replicated) is gathered four times a step and holds no
-thread-local copy on v6e-16 or v5p-16, where its 24 MiB bf16 routing tables and its embedding table on v5p-16
-hold three each. The tables and rows are held in XLA:TPU's tiled layout (`tpu_tiling`): Gemma 3 4B's
+(Llama 3 8B on v6e-16 and v6e-8, Gemma 2 9B, Gemma 3 4B, Qwen3 8B) hold three. On v5p the floor lies between
+Llama 2 70B's 7.8 MiB embedding shard on v5p-128, which holds none, and Mixtral's 16 MiB expert-routing tables
+(v5p-8, v5p-16), which hold three, as DeepSeek-V2's 24 MiB ones on v5p-16 do. Each chip's floor
+(`Backend.sparse_core_min_table_bytes`: 32 MiB on v6e, 8 MiB on v5p) is a round number inside its measured
+bracket, not libtpu's own constant, which its dumps do not show.
+
+DeepSeek-V2's c64[163840,32] rotary table (40 MiB, replicated), gathered four times a step, holds no thread-local
+copy on v6e-16 or v5p-16, where its 24 MiB bf16 routing tables and its embedding table on v5p-16 hold three each.
+The model keeps a complex table on the TensorCore; its rows, 32 wide, might be the reason instead, and no other
+step tells the two apart. The tables and rows are held in XLA:TPU's tiled layout (`tpu_tiling`): Gemma 3 4B's
 bf16[262144,320] shard holds 192 MiB, its 320 columns padded to 384.
 
 Measured on MaxText's Llama 3 8B step (v6e-8, fsdp 8): three allocations of bf16[128256,512]
@@ -111,6 +114,7 @@ def offloaded_gathers(module: HloModule, result: PropagationResult, min_table_by
 
 
 def _table_shard(table: ArrayShape, sharding: HloSharding | None) -> tuple[int, int]:
+    """The (rows, columns) of the table each device holds."""
     rows, columns = sharding.shard_shape(table.dims) if sharding is not None else table.dims
     return rows, columns
 
@@ -119,8 +123,8 @@ def _num_indices(indices: Instruction, table_sharding: HloSharding | None, resul
     """How many rows each device gathers. From a table split across devices every device gathers every index
     from its own shard (the partitioner replicates the indices and masks the rows it does not hold): MaxText's
     Llama 3 8B on v6e-8, its table split along its columns, gathers s32[16384], all 8 x 2,048 tokens, into
-    bf16[16384,512]; split along rows and columns (fsdp 4 x tp 2), bf16[16384,1024]. A device's own indices
-    otherwise (a manual computation's)."""
+    bf16[16384,512]; split along rows and columns (fsdp 4 x tp 2), bf16[16384,1024]. Otherwise (a replicated
+    table, or a manual computation's) the indices the device itself holds."""
     if not isinstance(indices.shape, ArrayShape):
         return 0
     if table_sharding is not None and table_sharding.kind is Kind.TILED:

@@ -150,31 +150,40 @@ class ValueModel:
                     break
 
     def _all_reduces_write_in_place(self) -> None:
-        """XLA:TPU's all-reduce writes its result over its operand when nothing reads the operand after it.
+        """XLA:TPU's all-reduce writes its result over its operand when the all-reduce is the operand's only reader.
 
         XLA:TPU runs an all-reduce as `all-reduce-start`/`all-reduce-done`, and the start is one of XLA's in-place
-        ops (`HloDataflowAnalysis::GetInPlaceInputOutputPairs`: operand k and result k share a
-        buffer); copy insertion adds a copy only where the operand is still read afterwards or is an entry
-        parameter. A shard_map's explicit `psum` of a weight gradient (Mixtral's and DeepSeek-V2's expert
-        gradients, 896 and 352 MiB per device) so holds one buffer, not two.
+        ops (`HloDataflowAnalysis::GetInPlaceInputOutputPairs`: operand k and result k share a buffer). Copy
+        insertion adds a copy wherever sharing would clobber a value still needed: an operand another instruction
+        reads, an entry parameter, a value that leaves its computation (a live-out, a loop-carried element), and a
+        result returned in a donated parameter's buffer. A shard_map's explicit `psum` of a weight gradient
+        (Mixtral's and DeepSeek-V2's expert gradients, 896 and 352 MiB per device) so holds one buffer, not two.
         """
         parameters = {self.uf.find(v) for v in self._entry_parameter_values()}
         for comp in self.module.computations:
             reduces = [inst for inst in comp.instructions if inst.opcode == "all-reduce"]
             if not reduces:
                 continue
-            members: dict[Value, set[Value]] = {}
-            for v in self.values_in.get(comp.name, []):
-                members.setdefault(self.uf.find(v), set()).add(v)
+            root = comp.root
+            root_leaves = [self.value(comp.name, root.name, i) for i in range(len(array_leaves(root.shape)))]
+            donated = self.outputs_in_parameters if comp.name == self.module.entry_name else set()
             for inst in reduces:
+                results = [self.value(comp.name, inst.name, i) for i in range(len(array_leaves(inst.shape)))]
                 for k, operand in enumerate(inst.operands):
                     if inst.operands.count(operand) != 1 or not isinstance(comp[operand].shape, ArrayShape):
                         continue
-                    out, source = self.value(comp.name, inst.name, k), self.value(comp.name, operand, 0)
+                    out, source = results[k], self.value(comp.name, operand, 0)
                     group = self.uf.find(source)
                     if out not in self.size or self.size.get(source) != self.size[out] or group in parameters:
                         continue
-                    if _only_reader(comp, members.get(group, set())) == inst.name:
+                    if any(self.uf.find(r) == group for r in results):
+                        continue  # another operand of this all-reduce is a view of the same buffer
+                    if any(self.uf.find(leaf) == group for leaf in root_leaves):
+                        continue  # the operand leaves the computation
+                    if any(self.uf.find(root_leaves[i]) == self.uf.find(out) for i in donated if i < len(root_leaves)):
+                        continue  # the result is written into a donated parameter's buffer
+                    members = {v for v in self.values_in.get(comp.name, ()) if self.uf.find(v) == group}
+                    if _only_reader(comp, members) == inst.name:
                         self.uf.union(source, out)
 
     def _same_buffer(self, comp: Computation, a: str, b: str) -> bool:
