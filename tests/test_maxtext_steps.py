@@ -122,13 +122,9 @@ def test_a_refusal_quotes_the_hbm_total_of_xla_tpus_buffer_assignment() -> None:
         assert abs(needed - (total - thread_local)) <= 0.005 * 2**30, name
 
 
-# Today's worst error against XLA:TPU's HBM, as a regression bound (the goal: none worse than 10%; two of the 61
-# steps miss it, one step compiled by both libtpus): DeepSeek-V2 at 2 layers on v6e-16 under Shardy, -11.5% (libtpu
-# 0.0.50.1) and -11.2% (0.0.52). Its scans run once each; XLA's while-loop simplifier removes such loops after
-# partitioning, and CSE then merges the forward and backward all-gathers of the MoE layer's weights (three in its
-# optimized module, not six), so XLA:TPU holds 3 x 352 MiB of gathered expert weights from the forward pass to the
-# backward, beside the 400 MiB gathered embedding; the model keeps the loops.
-WORST_ERROR = 0.116
+# None of the 61 steps is more than 10% from XLA:TPU's HBM (the goal). The worst, Gemma 2 2B at 26 layers on v5e-8,
+# is 9.4% low: two windowed-einsum accumulators of its logits live at XLA:TPU's peak where the model holds one.
+WORST_ERROR = 0.10
 
 
 def _planned(name: str) -> tuple[dict, PreparedModule, MemoryReport, object]:
@@ -168,8 +164,8 @@ def test_todays_libtpu_grid_has_full_size_offloaded_and_both_partitioners_steps(
     assert any("offloaded" in " ".join(r["overrides"]) for r in records)
 
 
-# Today's libtpu steps within 5% of XLA:TPU's HBM, as measured (34 of 43): a regression bound. The goal is 90%.
-WITHIN_5_PERCENT = 34
+# Today's libtpu steps within 5% of XLA:TPU's HBM, as measured (35 of 43): a regression bound. The goal is 90%.
+WITHIN_5_PERCENT = 35
 
 
 def test_todays_libtpu_steps_within_5_percent_of_xla_tpu_stay_as_many_as_measured() -> None:

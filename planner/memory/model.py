@@ -36,6 +36,7 @@ from planner.memory.conversions import (
     widened_bytes,
 )
 from planner.memory.heap_packing import layer_count, packing_bytes
+from planner.memory.loops_run_once import remove_loops_run_once
 from planner.memory.schedule import list_schedule, with_schedule
 from planner.memory.sparse_core import offloaded_gathers
 from planner.memory.values import ValueModel, read_ends, reads_leaf
@@ -96,6 +97,7 @@ def estimate_module(
     # The calls left after propagation (a shard_map's body) are inlined before XLA assigns buffers: an
     # operand the body reads only early dies inside it, before the outputs it returns are written.
     module = inline_calls(module, which=lambda inst: inst.opcode == "call").module
+    module = remove_loops_run_once(module, result)
     backend = backend_of(target)
     model = ValueModel(module, result, backend.compiler != "cpu", backend.all_reduces_in_place)
     model.build()

@@ -14,7 +14,7 @@ then carries once (`while_simplifier.repeated_elements`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,9 +40,12 @@ def shape_key(shape: Shape) -> Hashable:
 class Identity:
     """Structural identity of instructions and computations within one module."""
 
-    def __init__(self, edit: ModuleEdit) -> None:
+    def __init__(self, edit: ModuleEdit, partitioned: Callable[[str], Hashable] | None = None) -> None:
         self._edit = edit
         self._computations: dict[str, Hashable] = {}
+        # After partitioning, two instructions are one value only where they are also split alike: what
+        # `partitioned` gives for each name is part of its identity.
+        self._partitioned = partitioned
 
     def computation(self, name: str) -> Hashable:
         """A computation by its structure: instructions in order, operands by position, names aside."""
@@ -77,6 +80,8 @@ class Identity:
         )
         if inst.opcode in COMMUTATIVE and len(operands) == 2:
             operands = tuple(sorted(operands, key=repr))
+        if self._partitioned is not None:
+            return (self._own(inst), operands, self._partitioned(inst.name))
         return (self._own(inst), operands)
 
 
@@ -92,9 +97,11 @@ def _hashable(value: object) -> Hashable:
     return value  # type: ignore[return-value]
 
 
-def merge_common_subexpressions(edit: ModuleEdit) -> dict[str, str]:
-    """Returns the merged names and the instruction each now reads as."""
-    identity = Identity(edit)
+def merge_common_subexpressions(
+    edit: ModuleEdit, partitioned: Callable[[str], Hashable] | None = None
+) -> dict[str, str]:
+    """Returns the merged names and the instruction each now reads as (`partitioned`: see `Identity`)."""
+    identity = Identity(edit, partitioned)
     merged: dict[str, str] = {}
     for comp in edit.computations.values():
         merged.update(_merge_in(comp, identity))

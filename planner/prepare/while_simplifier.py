@@ -17,6 +17,7 @@ merging (a scan has one counter) and the trivial-compare option (off by default)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -304,9 +305,10 @@ def propagate_scalar_constants(loop: LoopView) -> str | None:
     return f"{replaced} carried scalar constants read as constants" if replaced else None
 
 
-def remove_trivial_loop(loop: LoopView) -> str | None:
-    """`TryRemoveWhileLoop`: a loop that runs 0 times is its init; one that runs once, its body inlined."""
-    if any(has_side_effect(i) for c in (loop.body, loop.condition) for i in c):
+def remove_trivial_loop(loop: LoopView, side_effect: Callable[[Instruction], bool] = has_side_effect) -> str | None:
+    """`TryRemoveWhileLoop`: a loop that runs 0 times is its init; one that runs once, its body inlined. A
+    loop whose body or condition holds a `side_effect` stays."""
+    if any(side_effect(i) for c in (loop.body, loop.condition) for i in c):
         return None
     count = loop_trip_count(loop)
     if count == 0:
