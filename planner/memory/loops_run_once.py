@@ -44,16 +44,29 @@ def _side_effect_after_partitioning(inst: Instruction) -> bool:
     return has_side_effect(inst) and not gone_after_partitioning(inst)
 
 
+def _kept_only_for_the_partitioner(module: HloModule, loop: Instruction) -> bool:
+    """Whether the While's body and condition hold side effects, each of them one the partitioner removes."""
+    names = (loop.attr("body").names[0], loop.attr("condition").names[0])
+    kept_for = [i for name in names for i in module.computation(name) if has_side_effect(i)]
+    return bool(kept_for) and all(gone_after_partitioning(i) for i in kept_for)
+
+
 def remove_loops_run_once(module: HloModule, result: PropagationResult) -> HloModule:
     """`module` with each While that runs once, and was kept only for what the partitioner removes, replaced by
     its body; then simplified as XLA simplifies after partitioning. `module` itself where there is none."""
+    if not any(
+        _kept_only_for_the_partitioner(module, inst)
+        for c in module.computations
+        for inst in c
+        if inst.opcode == "while"
+    ):
+        return module
     edit = ModuleEdit(module)
     removed = False
     for loop in whiles(edit):
         if loop.name not in loop.parent:
             continue
-        kept_for = [i for c in (loop.body, loop.condition) for i in c if has_side_effect(i)]
-        if not kept_for or not all(gone_after_partitioning(i) for i in kept_for):
+        if not _kept_only_for_the_partitioner(module, loop.instruction):
             continue
         if remove_trivial_loop(loop, side_effect=_side_effect_after_partitioning):
             removed = True
