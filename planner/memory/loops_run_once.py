@@ -20,23 +20,18 @@ from planner.hlo.ir.module import HloModule, Instruction
 from planner.memory.buffers import is_sharding_annotation, sharding_of
 from planner.memory.values import MANUAL_REGION_EDGES
 from planner.prepare.constant_folding import ConstantFolding
-from planner.prepare.cse import merge_common_subexpressions
-from planner.prepare.dead_code import TupleSimplifier, remove_dead_code
+from planner.prepare.cse import HloCse
+from planner.prepare.dead_code import HloDce, TupleSimplifier, remove_dead_code
 from planner.prepare.edit import ModuleEdit, has_side_effect
+from planner.prepare.fixed_point import FixedPoint
 from planner.prepare.while_simplifier import remove_trivial_loop
 from planner.prepare.while_state import whiles
 from planner.propagation.shared.result import PropagationResult
-
-# Tuple reads, folding and merging feed each other (a merged read makes two index computations alike);
-# a few rounds reach the fixed point on the steps measured.
-_ROUNDS = 8
 
 
 def gone_after_partitioning(inst: Instruction) -> bool:
     """A manual region's edge, or a sharding annotation (XLA's dump writes a shard_map's in-shardings as
     side-effecting `Sharding` calls): the partitioner leaves none of them."""
-    if inst.opcode != "custom-call":
-        return False
     return inst.attr("custom_call_target") in MANUAL_REGION_EDGES or is_sharding_annotation(inst)
 
 
@@ -46,30 +41,28 @@ def _side_effect_after_partitioning(inst: Instruction) -> bool:
 
 def _kept_only_for_the_partitioner(module: HloModule, loop: Instruction) -> bool:
     """Whether the While's body and condition hold side effects, each of them one the partitioner removes."""
-    names = (loop.attr("body").names[0], loop.attr("condition").names[0])
-    kept_for = [i for name in names for i in module.computation(name) if has_side_effect(i)]
-    return bool(kept_for) and all(gone_after_partitioning(i) for i in kept_for)
+    held = [
+        i for name in (loop.attr("body").names[0], loop.attr("condition").names[0]) for i in module.computation(name)
+    ]
+    return any(has_side_effect(i) for i in held) and not any(_side_effect_after_partitioning(i) for i in held)
 
 
 def remove_loops_run_once(module: HloModule, result: PropagationResult) -> HloModule:
     """`module` with each While that runs once, and was kept only for what the partitioner removes, replaced by
     its body; then simplified as XLA simplifies after partitioning. `module` itself where there is none."""
-    if not any(
-        _kept_only_for_the_partitioner(module, inst)
+    kept = {
+        i.name
         for c in module.computations
-        for inst in c
-        if inst.opcode == "while"
-    ):
+        for i in c
+        if i.opcode == "while" and _kept_only_for_the_partitioner(module, i)
+    }
+    if not kept:
         return module
     edit = ModuleEdit(module)
     removed = False
     for loop in whiles(edit):
-        if loop.name not in loop.parent:
-            continue
-        if not _kept_only_for_the_partitioner(module, loop.instruction):
-            continue
-        if remove_trivial_loop(loop, side_effect=_side_effect_after_partitioning):
-            removed = True
+        if loop.name in kept and loop.name in loop.parent:
+            removed |= remove_trivial_loop(loop, side_effect=_side_effect_after_partitioning) is not None
     if not removed:
         return module
     remove_dead_code(edit)
@@ -77,13 +70,6 @@ def remove_loops_run_once(module: HloModule, result: PropagationResult) -> HloMo
     def partitioned(name: str) -> str:
         return repr(sharding_of(result, name))
 
-    simplified = edit.freeze()
-    for _ in range(_ROUNDS):
-        simplified = ConstantFolding().run(TupleSimplifier().run(simplified).module).module
-        edit = ModuleEdit(simplified)
-        merged = merge_common_subexpressions(edit, partitioned)
-        remove_dead_code(edit)
-        simplified = edit.freeze()
-        if not merged:
-            break
-    return simplified
+    # Tuple reads, folding and merging feed each other (a merged read makes two index computations alike).
+    passes = (TupleSimplifier(), ConstantFolding(), HloCse(partitioned), HloDce())
+    return FixedPoint("after partitioning", passes).run(edit.freeze()).module

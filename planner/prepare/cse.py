@@ -142,9 +142,12 @@ class HloCse:
     NAME: ClassVar[str] = "cse"
     MIRRORS: ClassVar[str] = "xla/service/hlo_cse.cc"
 
+    # After partitioning: each name's split, part of its identity (see `Identity`).
+    partitioned: Callable[[str], Hashable] | None = None
+
     def run(self, module: HloModule) -> Rewrite:
         edit = ModuleEdit(module)
-        merged = merge_common_subexpressions(edit)
+        merged = merge_common_subexpressions(edit, self.partitioned)
         if not merged:
             return Rewrite(module)
         return Rewrite(edit.freeze(), merged, f"{len(merged)} common subexpressions merged")
