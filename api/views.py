@@ -18,6 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from planner.plan.chip_groups import chip_groups, chips_text
+from planner.plan.fixes.placements import PIN_OUTPUT
+from planner.plan.fixes.user_form import torch_xla_code
 from planner.plan.model import Plan
 from planner.units import format_bytes
 
@@ -289,9 +291,14 @@ def placement_text(plan: Plan, index: int) -> str:
     p = plan.placements[index]
     lines = []
     if p.torch is not None and (p.user is None or p.user.code is None):
-        spec = ", ".join(repr(tuple(a)) if isinstance(a, list) else repr(a) for a in p.torch.partition_spec)
-        lines.append("# inside the scanned layer function (torch_xla.distributed.spmd as xs)")
-        lines.append(f"xs.{p.torch.call}(layer.{p.torch.parameter}, mesh, ({spec},))")
+        # The manifest's spec, where the plan's could not be put over the mesh; no line where the manifest's
+        # name reaches no attribute of the model.
+        output = p.kind == PIN_OUTPUT
+        code = torch_xla_code(p.torch.parameter, p.torch.partition_spec, output)
+        if code is not None:
+            where = "after backward" if output else "inside the scanned layer function"
+            lines.append(f"# {where} (torch_xla.distributed.spmd as xs)")
+            lines.append(code)
     for a in p.annotations:
         if a.shard_as is not None:
             lines.append(f"// {a.computation}: put {a.instruction} in shard_as group {a.shard_as}")

@@ -274,8 +274,10 @@ def test_dashboard_lists_plans_and_draws_one(shared: tuple[TestClient, dict]) ->
     html = page.text
     assert len(re.findall(r'<rect class="after"', html)) == 8  # one bar per chip
     assert 'id="findings"' in html and "stacked-gradient" in html
-    # No manifest: each placement still gets torch_xla's line, the weight a placeholder the dump cannot name.
-    assert "dot.1660" in html and "xs.mark_sharding_with_gradients(&lt;the weight&gt;, mesh," in html
+    # No manifest: each placement says what it pins and why there is no torch_xla line; no placeholder stands
+    # in for a weight the dump cannot name.
+    assert "dot.1660" in html and "no torch_xla line: the dump names no parameter" in html
+    assert "&lt;the weight&gt;" not in html and "xs.mark_sharding" not in html
     assert "http://" not in html and "https://" not in html  # nothing fetched from elsewhere
     assert c.get("/plans/nope/view").status_code == 404
 

@@ -187,13 +187,14 @@ def test_plan_command_reports_and_writes_the_patched_module(tmp_path: Path) -> N
         in text
     )
     assert "group 1: 8 members want 4 different shardings" in text
-    # Each placement in torch_xla's terms (the dump names no parameter: its shape and place say which), the
-    # HLO form as detail.
+    # Each placement in torch_xla's terms (the dump names no parameter: its shape and place say which, and no
+    # line is printed for a weight it cannot name), the HLO form as detail.
     assert (
         "[in the change set] pin the [1024,4096] parameter at while.953[8] and its gradient to ('fsdp', 'tp') "
         "in the scanned layer" in text
     )
-    assert "torch_xla: w = xs.mark_sharding_with_gradients(<the weight>, mesh, ('fsdp', 'tp'))" in text
+    assert "torch_xla:" not in text and "<the weight>" not in text
+    assert "no torch_xla line: the dump names no parameter: plan the step through scan_runtime's client" in text
     assert "hlo: pin while.953[8] and its gradient" in text
     # The verdict comes first: fits or not, before and after, and the one change set.
     assert text.splitlines()[1:3] == [

@@ -12,12 +12,13 @@ also pins the layer's gradient, as torch_xla's `mark_sharding_with_gradients` do
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.hlo.structure.frontend import TORCH_XLA
 from planner.mesh import Mesh
 from planner.plan.fixes.placements import PIN_OUTPUT, PIN_PARAMETER, Placement
+from planner.plan.fixes.python_names import attribute_path, gradient_in_tree, is_tree_path, value_name
 from planner.sharding.partition_spec import AxisSpec, spec_from_sharding
 
 # How the line's framework is named to the user.
@@ -44,7 +45,7 @@ def user_form(placement: Placement, framework: str, mesh: Mesh | None, names: li
         return None
     torch = framework == TORCH_XLA
     framework = TORCH_XLA if torch else JAX_FRAMEWORK
-    parameter = _parameter_name(placement, names)
+    parameter = _torch_parameter(placement) if torch else _jax_parameter(placement, names)
     output = placement.kind == PIN_OUTPUT
     where = _where(torch, output, parameter, pin.shape)
     what = parameter or f"the [{','.join(map(str, pin.shape))}] parameter at {pin.key or placement.fixes[0]}"
@@ -58,8 +59,42 @@ def user_form(placement: Placement, framework: str, mesh: Mesh | None, names: li
         summary = _summary(what, pin.sharding.to_short_text(), output)
         return UserForm(framework, parameter, None, None, summary, where, None, f"{e}; the HLO edits apply it")
     spec_text = _torch_spec(spec) if torch else _jax_spec(spec)
-    code = _torch_line(parameter, spec_text, output) if torch else _jax_line(parameter, spec_text, output)
-    return UserForm(framework, parameter, spec, spec_text, _summary(what, spec_text, output), where, code, None)
+    if torch:
+        code = torch_xla_code(parameter, spec, output) if parameter is not None else None
+        missing = None if code is not None else _no_torch_xla_line(parameter, spec_text)
+    else:
+        code, missing = _jax_line(parameter, spec_text, output), None
+    return UserForm(framework, parameter, spec, spec_text, _summary(what, spec_text, output), where, code, missing)
+
+
+def torch_xla_code(parameter: str, spec: Sequence[AxisSpec], output: bool) -> str | None:
+    """The torch_xla line that pins `parameter` (a manifest's name: inside the scanned layer for a layer's
+    weight, else relative to the model) to `spec`, one line per weight where a stacked gradient is that of
+    several (`a|b`); None where a name is not a parameter's dotted name, so no line can reach it."""
+    spec_text = _torch_spec(tuple(spec))
+    lines = []
+    for name in parameter.split("|"):
+        if output:
+            # A returned gradient is the model's parameter's, written by backward into its `.grad`.
+            target = attribute_path("model", name)
+            if target is None:
+                return None
+            lines.append(f"xs.mark_sharding({target}.grad, mesh, {spec_text})")
+        else:
+            # Inside the scanned layer: the call returns the pinned tensor, and the layer computes with it.
+            target = attribute_path("layer", name)
+            if target is None:
+                return None
+            lines.append(f"{value_name(name)} = xs.mark_sharding_with_gradients({target}, mesh, {spec_text})")
+    return "\n".join(lines)
+
+
+def _no_torch_xla_line(parameter: str | None, spec_text: str) -> str:
+    if parameter is None:
+        return ("the dump names no parameter: plan the step through scan_runtime's client (its manifest names "
+                "each weight) for a line to paste")  # fmt: skip
+    return (f"{parameter} is not a parameter's dotted name as the model's named_parameters() gives it, so no line "
+            f"can reach it: pin that weight to {spec_text} where the model holds it")  # fmt: skip
 
 
 def _summary(what: str, spec_text: str, output: bool) -> str:
@@ -68,13 +103,22 @@ def _summary(what: str, spec_text: str, output: bool) -> str:
     return f"pin {what} and its gradient to {spec_text} in the scanned layer"
 
 
-def _parameter_name(placement: Placement, names: list[str]) -> str | None:
-    """The manifest's name when it gave one; else the first name of a parameter (not of its gradient)."""
+def _torch_parameter(placement: Placement) -> str | None:
+    """The manifest's name, the only one torch_xla's user has for it: a torch_xla dump names no parameter,
+    and the name table's labels (`while.953[6], kept per layer for the backward`) name values of the dump."""
+    return (placement.torch_pin.parameter or None) if placement.torch_pin is not None else None
+
+
+def _jax_parameter(placement: Placement, names: list[str]) -> str | None:
+    """The manifest's name when it gave one; else the module's metadata's, else the first name of a parameter
+    (not of its gradient); only a path into the parameters' tree, never a label of a value of the dump."""
     if placement.torch_pin is not None and placement.torch_pin.parameter:
-        return placement.torch_pin.parameter
-    if placement.pinned is not None and placement.pinned.label is not None:
-        return placement.pinned.label
-    return names[0].removeprefix("grad of ") if names else None
+        name: str | None = placement.torch_pin.parameter
+    elif placement.pinned is not None and placement.pinned.label is not None:
+        name = placement.pinned.label
+    else:
+        name = names[0].removeprefix("grad of ") if names else None
+    return name if name is not None and is_tree_path(name) else None
 
 
 def _where(torch: bool, output: bool, parameter: str | None, shape: tuple[int, ...]) -> str:
@@ -94,11 +138,17 @@ def _where(torch: bool, output: bool, parameter: str | None, shape: tuple[int, .
     )
 
 
+def _jax_line(parameter: str | None, spec_text: str, output: bool) -> str:
+    value = gradient_in_tree(parameter) if output else value_name(parameter)
+    return f"{value} = jax.lax.with_sharding_constraint({value}, NamedSharding(mesh, {spec_text}))"
+
+
 def _axis(a: AxisSpec) -> str:
     if a is None:
         return "None"
     if isinstance(a, list | tuple):
-        return "(" + ", ".join(repr(x) for x in a) + ")"
+        # A dim over several mesh axes is a tuple of them; over one, still a tuple (`('tp',)`, not `('tp')`).
+        return "(" + ", ".join(repr(x) for x in a) + ("," if len(a) == 1 else "") + ")"
     return repr(a)
 
 
@@ -109,45 +159,3 @@ def _jax_spec(spec: tuple[AxisSpec, ...]) -> str:
 def _torch_spec(spec: tuple[AxisSpec, ...]) -> str:
     inner = ", ".join(_axis(a) for a in spec)
     return f"({inner},)" if len(spec) == 1 else f"({inner})"
-
-
-_KEY = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
-
-
-def _variable(parameter: str | None) -> str:
-    """A Python name for the value: the last key of a JAX path (`params['layers']['wq']` -> wq), a dotted
-    name with underscores (`mlp.down.weight` -> mlp_down_weight), else `w`."""
-    if parameter is None:
-        return "w"
-    keys = _KEY.findall(parameter)
-    last = keys[-1] if keys else parameter
-    name = re.sub(r"\W", "_", last)
-    return name if name.isidentifier() else "w"
-
-
-def _gradient_expression(parameter: str | None) -> str:
-    """The gradient's place in the gradients' tree: `params['w']` -> `grads['w']`, `['layers']['w']` ->
-    `grads['layers']['w']`."""
-    if parameter is None:
-        return "grad"
-    if parameter.startswith("["):
-        return "grads" + parameter
-    head, bracket, rest = parameter.partition("[")
-    if bracket and head.isidentifier():
-        return "grads[" + rest
-    return f"grad_{_variable(parameter)}"
-
-
-def _jax_line(parameter: str | None, spec_text: str, output: bool) -> str:
-    value = _gradient_expression(parameter) if output else _variable(parameter)
-    return f"{value} = jax.lax.with_sharding_constraint({value}, NamedSharding(mesh, {spec_text}))"
-
-
-def _torch_line(parameter: str | None, spec_text: str, output: bool) -> str:
-    # Without a name the tensor is a placeholder for the user to fill: `<the weight>`.
-    if output:
-        target = f"model.{parameter}.grad" if parameter else "<the weight>.grad"
-        return f"xs.mark_sharding({target}, mesh, {spec_text})"
-    # It returns the pinned tensor: the layer computes with the result.
-    target = f"layer.{parameter}" if parameter else "<the weight>"
-    return f"{_variable(parameter)} = xs.mark_sharding_with_gradients({target}, mesh, {spec_text})"
