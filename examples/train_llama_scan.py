@@ -3,11 +3,12 @@
     .venv/bin/python examples/train_llama_scan.py [--steps 3] [--url http://127.0.0.1:8000] [--chip v6e | --hbm-gib 32]
 
 The model is sharded FSDP x TP (mesh fsdp=4, tp=2) with the usual 2D weight
-specs. `auto_plan` traces one step, gets a plan (in-process, or from the
-service at --url) and activates it; the following steps run with each weight
-slice pinned as planned. The script prints the plan's summary, the predicted
-HBM per chip before and after, and how many gradients come out sharded unlike
-their weights. The step runs on XLA:CPU here, so by default the plan predicts
+specs, trained by SGD. `auto_plan` traces one step (forward, backward and
+SGD's update), gets a plan (in-process, or from the service at --url) and
+activates it; the following steps run with each weight slice pinned as
+planned. The script prints the plan's summary, the predicted HBM per chip
+before and after, and how many gradients come out sharded unlike their
+weights. The step runs on XLA:CPU here, so by default the plan predicts
 XLA:CPU against a 32 GiB budget; `--chip v6e` plans for that chip's XLA:TPU
 instead (where this small step's temporaries fit on-chip memory, so fewer pins
 pay off).
@@ -32,7 +33,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
-from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, sgd_step, shard_model
+from llama_layers import ACTIVATION_SPEC, LlamaStack, loss_of, shard_model
 
 from planner.units import format_bytes
 from scan_runtime import PlannerClient, PlannerUnavailable, auto_plan
@@ -59,11 +60,13 @@ def main() -> int:
     x = torch.randn(8, 64, 256).to(torch_xla.device())
     xs.mark_sharding(x, mesh, ACTIVATION_SPEC)
 
-    # The one added line: trace a step, get the plan, activate it for the scans that follow.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    # The one added line: trace a step (its update too), get the plan, activate it for the scans that follow.
     client = PlannerClient(url=args.url, mesh=mesh, chip=args.chip,
                            hbm_bytes=None if args.chip else int(args.hbm_gib * 2**30))  # fmt: skip
     try:
-        plan = auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client)
+        plan = auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client,
+                         optimizer=optimizer)  # fmt: skip
     except PlannerUnavailable as e:
         print(f"no plan ({e}): training plain")
         plan = None
@@ -80,7 +83,9 @@ def main() -> int:
             what = f.name or f"{f.loop}[{f.index}]"
             print(f"  [{f.kind}] {what} {f.shape}: {mib(f.per_device_bytes)} per chip, "
                   f"ideal {mib(f.ideal_per_device_bytes)}, after {mib(f.per_device_bytes_after or 0)}")  # fmt: skip
-        print(f"  pinned inside the scanned layer: {', '.join(f'{n} {s}' for n, s in plan.pins.items())}")
+        pinned = ", ".join(f"{n} {s}" for n, s in plan.pins.items())
+        change = p.verdict.change_set_name if p.verdict is not None else "no verdict"
+        print(f"  pinned inside the scanned layer: {pinned or f'nothing ({change})'}")
         for note in plan.notes:
             print(f"  note: {note}")
     elif plan is not None or args.url is None:
@@ -88,7 +93,11 @@ def main() -> int:
 
     spec = torch_xla._XLAC._get_xla_sharding_spec
     for step in range(args.steps):
-        loss = sgd_step(model, x)
+        optimizer.zero_grad()
+        loss = loss_of(model, x)
+        loss.backward()
+        optimizer.step()
+        torch_xla.sync()
         unlike = sum(spec(q.grad) != spec(q) for q in model.parameters())
         print(f"step {step}: loss {loss.item():.6f}, gradients sharded unlike their weights: {unlike}")
     return 0

@@ -51,8 +51,9 @@ MESH_AXES = ("data", "fsdp", "tp", "expert")
 # transformers' decoder models a torch_xla step can be instead of the example stack: the model class
 # built from a small config of the package's (no weights downloaded), its decoder layers through the
 # drop-in `scan_decoder_layers` (or its own loop), its own loss. Gemma ties its head to the embedding;
-# Mixtral is the moe family (experts and top-k from the case's size).
-TRANSFORMERS_MODELS = ("llama", "mistral", "gemma", "mixtral")
+# Mixtral is the moe family (experts and top-k from the case's size); Qwen2's q/k/v projections carry
+# biases; Phi-3 fuses q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj`.
+TRANSFORMERS_MODELS = ("llama", "mistral", "gemma", "mixtral", "qwen2", "phi3")
 
 
 @dataclass(frozen=True)
@@ -569,7 +570,8 @@ MIXTRAL_SIZE = ModelSize(4, 256, 512, 8, 2, 32, 8, 64, num_experts=4, vocab_size
 def transformers_grid() -> tuple[Case, ...]:
     """torch_xla steps of transformers' own models, as a user trains one: FSDPv2-style shardings, AdamW, the
     decoder layers through `scan_decoder_layers` (with and without min-cut remat) or the model's own loop;
-    Llama, Mistral (sliding-window attention) and Gemma (tied head, GeGLU), GQA 8/2; Mixtral (4 experts,
+    Llama, Mistral (sliding-window attention), Gemma (tied head, GeGLU), Qwen2 (q/k/v biases) and Phi-3 (fused
+    qkv_proj and gate_up_proj), GQA 8/2; Mixtral (4 experts,
     top 2) smaller: batched_mm gathers each token's experts' weights, and at the others' size one device's
     share outlasts XLA:CPU's 10 s wait for the others at a collective-permute (the run aborts).
     """
@@ -582,12 +584,17 @@ def transformers_grid() -> tuple[Case, ...]:
         ("mistral", "scan", None, MeshSpec((4, 2))),
         ("gemma", "scan", "min_cut", MeshSpec((4, 2))),
         ("mixtral", "scan", None, MeshSpec((4, 2))),
+        ("qwen2", "scan", None, MeshSpec((4, 2))),
+        ("qwen2", "loop", None, MeshSpec((4, 2))),
+        ("phi3", "scan", None, MeshSpec((4, 2))),
+        ("phi3", "scan", "min_cut", MeshSpec((2, 4))),
     ):
         step = "lm_tied" if model == "gemma" else "lm"
         family, sized = ("moe", MIXTRAL_SIZE) if model == "mixtral" else ("llama", size)
-        # Mixtral's module does not come back from jaxlib's compile path as itself (MLIR rewrites iotas and
-        # transposes of its routing), so XLA:TPU cannot be given it faithfully: XLA:CPU only.
-        chip = None if model == "mixtral" else "v6e"
+        # Mixtral's and Phi-3's modules do not come back from jaxlib's compile path as themselves (MLIR
+        # rewrites iotas and transposes of Mixtral's routing, and folds the concatenates and pads of Phi-3's
+        # rotary embedding into multiplies), so XLA:TPU cannot be given them faithfully: XLA:CPU only.
+        chip = None if model in ("mixtral", "phi3") else "v6e"
         case = Case("", "torch_xla", "gspmd", remat, sized, mesh, family, chip=chip, torch_mode=mode, step=step,
                     cross_entropy="take_along_axis", optimizer="adamw", transformers_model=model)  # fmt: skip
         cases.append(named(case))

@@ -14,7 +14,7 @@ from fidelity.cases import Case
 # Column-parallel projections ([out, in] as torch stores them): out over tp, in over fsdp; the
 # row-parallel ones (o_proj, down_proj) the other way round; the token embedding over fsdp on the
 # vocabulary; norms (1-D) replicated. The head is column-parallel, or the embedding itself when tied.
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "lm_head")
 EMBEDDING_SPEC = ("fsdp", None)
 COLUMN_SPEC = ("tp", "fsdp")
 ROW_SPEC = ("fsdp", "tp")
@@ -68,6 +68,14 @@ def config(case: Case) -> Any:
         return transformers.MixtralConfig(**common, num_local_experts=size.num_experts,
                                           num_experts_per_tok=size.top_k, experts_implementation="batched_mm",
                                           sliding_window=None, tie_word_embeddings=False)  # type: ignore[call-arg]  # fmt: skip
+    if model == "qwen2":
+        # Qwen2's q/k/v projections carry biases (1-D, left replicated like the norms).
+        return transformers.Qwen2Config(**common, tie_word_embeddings=False)
+    if model == "phi3":
+        # One qkv_proj and one gate_up_proj per layer; the token ids its config defaults to (32000 and up)
+        # are outside a small vocabulary.
+        return transformers.Phi3Config(**common, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                                       eos_token_id=2)  # fmt: skip
     raise ValueError(f"{case.name}: no transformers model {model!r}")
 
 

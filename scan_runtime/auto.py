@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from planner.plan.manifest import layer_relative
+from planner.plan.model import Verification
 from planner.units import format_bytes
 from scan_runtime.capture import capture_step
 from scan_runtime.client import PlannerClient, PlanResult, to_planner_mesh
@@ -25,6 +26,7 @@ def auto_plan(
     mesh: Any,
     client: PlannerClient | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    gradients_only: bool = False,
 ) -> LayerPlan | None:
     """Plan the step `loss_fn(*example_args)` and make the plan active for every following scan.
 
@@ -32,14 +34,21 @@ def auto_plan(
     (with the backward, and `optimizer.step()` when the optimizer is given, so
     the plan is for the step that trains: its state and donated buffers
     included) and not executed, and nothing it traced stays (see
-    `capture_step`). `mesh` is the torch_xla Mesh the model is sharded over.
+    `capture_step`). Without the optimizer the plan is of the loss and gradients only, and it recommends
+    nothing: the update that reads the gradients decides their shardings in the step that trains (with
+    SGD's update, none of the gradients a backward alone leaves sharded unlike their weights is so).
+    `gradients_only=True` says the step trained is that one (forward and backward, no update: a
+    gradient-accumulation micro-step), and its plan recommends as for a whole step. `mesh` is the
+    torch_xla Mesh the model is sharded over.
     Returns the active plan, or None when the client is not strict and the
     service could not be reached (training goes on plain).
     """
     client = client or PlannerClient(mesh=mesh)
     if client.mesh is None:
         client.mesh = to_planner_mesh(mesh)
-    captured = capture_step(loss_fn, example_args, model, client.mesh, optimizer)
+    if gradients_only and optimizer is not None:
+        raise ValueError("gradients_only plans a step with no update; an optimizer was given")
+    captured = capture_step(loss_fn, example_args, model, client.mesh, optimizer, gradients_only=gradients_only)
     result = client.plan(captured.hlo, captured.manifest)
     if result is None:
         activate(None)
@@ -78,7 +87,7 @@ def plan_lines(result: PlanResult) -> list[str]:
     if v is not None:
         lines.append(f"verified by {v.xla}: {format_bytes(v.before_total_bytes)} -> "
                      f"{format_bytes(v.after_total_bytes)} per device (saves {format_bytes(v.xla_saving_bytes)}, "
-                     f"predicted {format_bytes(v.predicted_saving_bytes)})")  # fmt: skip
+                     f"predicted {format_bytes(v.predicted_saving_bytes)})" + _prediction_error(v))  # fmt: skip
         if v.tpu is not None:
             lines.append(f"verified by {v.tpu.xla} ({v.tpu.topology}): {format_bytes(v.tpu.before_total_bytes)} -> "
                          f"{format_bytes(v.tpu.after_total_bytes)} per chip (saves "
@@ -87,4 +96,14 @@ def plan_lines(result: PlanResult) -> list[str]:
         lines.append(f"not verified: {plan.verification_skipped}")
     if plan.withdrawn is not None:
         lines.append(f"withdrawn: {plan.withdrawn}")
+    # What the planner could not stand behind (a partial step, a measurement outside the prediction's band).
+    lines += [f"warning: {w}" for w in plan.warnings]
     return lines
+
+
+def _prediction_error(v: Verification) -> str:
+    """How far the prediction of the step as given was from what the verifying compile measured."""
+    if v.predicted_before_bytes is None or v.before_total_bytes <= 0:
+        return ""
+    error = v.predicted_before_bytes / v.before_total_bytes - 1
+    return f"; the step was predicted at {format_bytes(v.predicted_before_bytes)}, {error:+.1%} from it"

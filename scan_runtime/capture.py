@@ -42,6 +42,8 @@ from planner.plan.manifest import Manifest, ManifestParameter
 from planner.sharding.partition_spec import spec_from_sharding
 from planner.sharding.text import parse_sharding
 
+LEFT_OUT_WITHOUT_OPTIMIZER = "the optimizer's update (auto_plan was given no optimizer=, nor gradients_only=True)"
+
 
 @dataclass(frozen=True)
 class CapturedStep:
@@ -54,18 +56,27 @@ class NotCapturable(RuntimeError):
 
 
 def capture_step(loss_fn: Callable[..., torch.Tensor], args: tuple[Any, ...], model: torch.nn.Module,
-                 mesh: Mesh, optimizer: torch.optim.Optimizer | None = None) -> CapturedStep:  # fmt: skip
-    """The step `loss_fn(*args)` (and `optimizer.step()` when given) as HLO and manifest; nothing is changed."""
+                 mesh: Mesh, optimizer: torch.optim.Optimizer | None = None,
+                 gradients_only: bool = False) -> CapturedStep:  # fmt: skip
+    """The step `loss_fn(*args)` (and `optimizer.step()` when given) as HLO and manifest; nothing is changed.
+
+    Without the optimizer the manifest says the update is left out (`Manifest.left_out`), unless
+    `gradients_only` says the step trained has none."""
     named: list[tuple[str, torch.Tensor]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     seed = xm.get_rng_state()
-    if optimizer is None:
-        loss = _scalar(loss_fn(*args))
-        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        kept = [(name, p, g) for (name, p), g in zip(named, grads) if g is not None]
-        hlo = torch_xla._XLAC._get_xla_tensors_hlo([loss, *(g for _, _, g in kept)])
-        count = 1 + len(kept)
-    else:
-        kept, hlo, count = _whole_step(loss_fn, args, model, named, optimizer)
+    unannotated = _unannotated(model, optimizer)
+    try:
+        if optimizer is None:
+            loss = _scalar(loss_fn(*args))
+            grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+            kept = [(name, p, g) for (name, p), g in zip(named, grads) if g is not None]
+            hlo = torch_xla._XLAC._get_xla_tensors_hlo([loss, *(g for _, _, g in kept)])
+            count = 1 + len(kept)
+        else:
+            kept, hlo, count = _whole_step(loss_fn, args, model, named, optimizer)
+    finally:
+        for t in unannotated:
+            torch_xla._XLAC._xla_clear_sharding(t)
     if xm.get_rng_state() != seed:  # random ops traced in the step drew seeds the step itself must draw
         xm.set_rng_state(seed)
     parameters = [
@@ -73,7 +84,9 @@ def capture_step(loss_fn: Callable[..., torch.Tensor], args: tuple[Any, ...], mo
     ]
     # The loss, then each gradient; the updated parameters and state after them are nobody's gradient.
     names = [None, *(name for name, _, _ in kept)]
-    manifest = Manifest(outputs=names + [None] * (count - len(names)), parameters=parameters)
+    # Without the optimizer, the module is the loss and gradients only: the update that reads them is left out.
+    left_out = None if optimizer is not None or gradients_only else LEFT_OUT_WITHOUT_OPTIMIZER
+    manifest = Manifest(outputs=names + [None] * (count - len(names)), parameters=parameters, left_out=left_out)
     return CapturedStep(hlo, manifest)
 
 
@@ -98,7 +111,7 @@ def _whole_step(
     for name, p in model.named_parameters():
         kept_as_is = _device_data(p, name)
         # Made last, the stand-in is the tensor its buffer records (see `_donated`).
-        stand_in[id(p)] = _same_buffer(p).requires_grad_(p.requires_grad)
+        stand_in[id(p)] = _annotated_as(p, _same_buffer(p)).requires_grad_(p.requires_grad)
         originals[id(stand_in[id(p)])] = kept_as_is
     shadow = _shadow_optimizer(optimizer, stand_in, originals)
     try:
@@ -176,7 +189,7 @@ def _shadow_optimizer(
         for key, value in values.items():
             if isinstance(value, torch.Tensor) and _on_xla(value):
                 kept_as_is = _device_data(value, f"the optimizer's {key!r}")
-                copied[key] = _same_buffer(value)
+                copied[key] = _annotated_as(value, _same_buffer(value))
                 originals[id(copied[key])] = kept_as_is
             elif isinstance(value, torch.Tensor):
                 copied[key] = value.clone()  # e.g. AdamW's step count, kept on the host
@@ -215,8 +228,36 @@ def _give_back(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None
             torch_xla._XLAC._replace_xla_tensor(t, _same_buffer(t))
 
 
+def _unannotated(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The parameters and optimizer state with no sharding annotation of their own, to be left so.
+
+    Tracing a tensor over a buffer, or making another over it, gives the tensor its buffer's sharding as
+    its annotation, `{replicated}` for one never marked, and torch_xla writes that annotation into every
+    graph that updates the tensor in place (a `Sharding` custom call). In the step as the user wrote it,
+    such a tensor (a norm weight, a bias, their AdamW moments) is left to propagation, which may split it.
+    """
+    state = _state_tensors(optimizer) if optimizer is not None else []
+    return [t for t in (*model.parameters(), *state) if _on_xla(t) and not _annotated(t)]
+
+
 def _same_buffer(t: torch.Tensor) -> torch.Tensor:
     return torch_xla._XLAC._get_tensors_xla_device_data_node([t])[1][0]
+
+
+def _annotated(t: torch.Tensor) -> bool:
+    """Whether `t` carries a sharding of its own (marked, or given it by the step that wrote it)."""
+    return bool(torch_xla._XLAC._get_xla_sharding_spec(t))
+
+
+def _annotated_as(original: torch.Tensor, made: torch.Tensor) -> torch.Tensor:
+    """`made`, a tensor over `original`'s buffer, annotated as `original` is.
+
+    A tensor made over a buffer takes the buffer's sharding as its own annotation (see `_unannotated`); a
+    stand-in for a tensor with none is left with none, so the captured graph is the step's own.
+    """
+    if not _annotated(original):
+        torch_xla._XLAC._xla_clear_sharding(made)
+    return made
 
 
 def _device_data(t: torch.Tensor, what: str) -> torch.Tensor:

@@ -145,7 +145,7 @@ def _with_kwargs_fn(template: torch.nn.Module, leaves: list[Any], spec: TreeSpec
     The keyword arguments' floating tensors go through the loop as carried values the body returns as
     it got them, so the loop takes them as inputs; the other leaves are closed over.
     """
-    layer = copy.deepcopy(template)
+    layer = _structure_of(template)
     slots = [i for i, leaf in enumerate(leaves) if _carried(leaf)]
 
     def one_layer(carry: Any, weights: tuple[dict[str, Any], dict[str, Any]]) -> tuple[Any, None]:
@@ -161,12 +161,29 @@ def _with_kwargs_fn(template: torch.nn.Module, leaves: list[Any], spec: TreeSpec
     return one_layer
 
 
+def _structure_of(template: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `template` whose parameters and buffers are meta tensors of their shapes.
+
+    The body calls it with every weight given (`functional_call(..., strict=True)`), so the copy's own
+    weights are never read. Copying the real ones would read their device data: torch_xla then gives a
+    tensor it never marked the `{replicated}` annotation of its buffer, and a graph that updates it in
+    place pins it there (the first layer's norm weights and biases only, left to propagation in every
+    other layer).
+    """
+    memo: dict[int, Any] = {}
+    for tensor in (*template.parameters(), *template.buffers()):
+        meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        memo[id(tensor)] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(
+            tensor, torch.nn.Parameter) else meta  # fmt: skip
+    return copy.deepcopy(template, memo)
+
+
 def _one_layer_fn(template: torch.nn.Module, partition_fn: Callable[..., Any], pure: bool) -> Callable[..., Any]:
     """`(carry, (params, buffers)) -> (layer(carry), None)` on a copy of the first layer."""
     key = (id(partition_fn), id(template))
     if pure and key in _ONE_LAYER:
         return _ONE_LAYER[key]
-    layer = copy.deepcopy(template)
+    layer = _structure_of(template)
 
     def one_layer(carry: Any, weights: tuple[dict[str, Any], dict[str, Any]]) -> tuple[Any, None]:
         merged = {**weights[0], **weights[1]}

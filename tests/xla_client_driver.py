@@ -4,8 +4,9 @@ Run in a subprocess (PJRT_DEVICE=CPU CPU_NUM_DEVICES=8 are read once per process
 
     python tests/xla_client_driver.py MODE [--url URL] [--cache DIR]
 
-MODE `mismatch`: gradients sharded unlike their weights, without a plan and after `auto_plan`.
-MODE `losses`: three SGD steps without and with the plan.
+MODE `mismatch`: gradients sharded unlike their weights by a forward and backward (no update), without a plan
+and after `auto_plan(..., gradients_only=True)`, its plan of that step.
+MODE `losses`: three SGD steps without and with that plan.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def main() -> int:
     model, x = build(mesh)
     if args.mode == "mismatch":
         out["before"] = mismatched(model, x)
-        plan = auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client)
+        plan = auto_plan(
+            lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client, gradients_only=True
+        )
         assert plan is not None
         out["pins"] = {k: list(v) for k, v in plan.pins.items()}
         out["plan_id"] = plan.plan_id
@@ -92,7 +95,7 @@ def main() -> int:
         activate(None)
         out["without"] = sgd_losses(model, x)
         model, x = build(mesh)
-        auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client)
+        auto_plan(lambda batch: loss_of(model, batch), x, model=model, mesh=mesh, client=client, gradients_only=True)
         out["with"] = sgd_losses(model, x)
     print("RESULT " + json.dumps(out))
     return 0

@@ -43,6 +43,12 @@ class Manifest(BaseModel):
         description="per entry output, in order: the name of the parameter whose gradient it is, or null"
     )
     parameters: list[ManifestParameter]
+    left_out: str | None = Field(
+        default=None,
+        description="what of the step that trains the captured module leaves out (e.g. `the optimizer's update`); "
+        "null when it is the whole step. What a placement saves on a partial step is not what it saves on the "
+        "step that trains, so a plan of one recommends none.",
+    )
 
     def parameter(self, name: str) -> ManifestParameter:
         for p in self.parameters:

@@ -44,6 +44,7 @@ from planner.plan.diagnosis.plan_warnings import plan_warnings
 from planner.plan.diagnosis.root_cause import root_cause
 from planner.plan.diagnosis.scan_pairs import accumulated_gradients, stacked_gradients
 from planner.plan.diagnosis.split_picture import tensor_split
+from planner.plan.fixes.front_names import Unwritable, front_placement, written_on_front
 from planner.plan.fixes.names import NameTable, name_table
 from planner.plan.fixes.next_steps import Step, beyond_sharding
 from planner.plan.fixes.placements import (
@@ -75,9 +76,10 @@ from planner.plan.model import (
     TimelineSeries,
     TorchPinInfo,
     UserPlacementInfo,
+    Verification,
     VerifyNotRun,
 )
-from planner.plan.verdict import band_for, verdict, verify_command
+from planner.plan.verdict import Band, band_for, verdict, verify_command
 from planner.prepare import PreparedModule, annotate, prepare, reprepare
 from planner.progress import note
 from planner.propagation import PropagationResult, ShardingPropagation
@@ -183,27 +185,36 @@ def _make_plan(
     names = name_table(seen, manifest, gradients=gradients)
     conflicts = shard_group_conflicts(prepared, before.result)
 
-    pins = {g.key: p for g in gradients if (p := pin_parameter(seen, g, accumulated)) is not None}
+    # Found on the module the compiler's passes leave, written in the names of the module as written; a pin
+    # of an instruction only a pass makes has nothing to annotate there, and the plan says so (`front_names`).
+    on_front = {g.key: front_placement(p, prepared) for g in gradients
+                if (p := pin_parameter(seen, g, accumulated)) is not None}  # fmt: skip
+    pins = {key: p for key, p in on_front.items() if isinstance(p, Placement)}
+    unwritable_pins = [u for u in on_front.values() if isinstance(u, Unwritable)]
     # Candidates: gradients (or their accumulators) not already sharded like their parameter, returned
     # gradients found under-sharded, and conflicting groups.
     short = {g.key for g in gradients if g.sharding != g.ideal}
     short |= {a.gradient.key for a in accumulated if a.sharding != a.ideal}
     candidates = [pins[g.key] for g in gradients if g.key in pins and g.key in short]
+    unwritten = [u for key, u in on_front.items() if isinstance(u, Unwritable) and key in short]
     flagged = {f.index for f in findings if f.kind == GRADIENT_OUTPUT}
-    candidates += [pin_output(seen, g, *_manifest_pin(manifest, g.position)) for g in returned if g.position in flagged]
+    others = [pin_output(seen, g, *_manifest_pin(manifest, g.position)) for g in returned if g.position in flagged]
     next_id = max_group_id(seen) + 1
     for conflict in conflicts:
         split = split_group(seen, conflict.group, next_id)
         if split is not None:
-            candidates.append(split)
+            others.append(split)
             next_id += len(split.annotations)
+    written_others, unwritable_others = written_on_front(others, prepared)
+    candidates += written_others
+    unwritten += unwritable_others
 
     simulations: dict[frozenset[str], Simulation] = {frozenset(): before}
 
     def with_placements(chosen: list[Placement]) -> Simulation:
         key = frozenset(p.id for p in chosen)
         if key not in simulations:
-            patched = annotate(prepared, lambda module: apply_placements(module, chosen))
+            patched = annotate(prepared, lambda module: apply_placements(module, chosen, prepared.aliases))
             simulations[key] = simulate(patched, capacity_bytes)
         return simulations[key]
 
@@ -220,6 +231,10 @@ def _make_plan(
             what = _no_torch_xla_handle(p)
             if what is not None and p.id not in refused:
                 refused[p.id] = NO_TORCH_XLA_HANDLE_WHY.format(what, _mb(before.total), _mb(alone[p.id]))
+    left_out = manifest.left_out if manifest is not None else None
+    if left_out is not None:
+        for p in candidates:
+            refused.setdefault(p.id, PARTIAL_STEP_WHY.format(left_out, _mb(before.total), _mb(alone[p.id])))
     chosen, after, verdicts = _greedy(candidates, alone, refused, before, with_placements)
 
     alternatives = []
@@ -233,16 +248,22 @@ def _make_plan(
         # neighbours through propagation, which the compiler need not repeat (Shardy does not). Example: the
         # JAX example step's greedy pick of five pins predicts 4 KB less than pinning all nine, and XLA:CPU
         # then leaves a pinned norm gradient split over tp.
-        better = everything.total < before.total and everything.total <= after.total + min_bytes and not idle
+        better = (everything.total < before.total and everything.total <= after.total + min_bytes and not idle
+                  and left_out is None)  # fmt: skip
         alternatives.append(
             AlternativeInfo(
                 name=PIN_EVERY_PARAMETER,
                 placements=[p.id for p in every],
                 predicted_total=everything.total,
                 recommended=better,
-                why=IDLE_WHY if idle else _alternative_why(before.total, after.total, everything.total, min_bytes),
+                why=IDLE_WHY
+                if idle
+                else _alternative_why(before.total, after.total, everything.total, min_bytes)
+                if left_out is None
+                else PARTIAL_STEP_WHY.format(left_out, _mb(before.total), _mb(everything.total)),
             )
         )
+        alternatives[-1].why += _without_unwritable(unwritable_pins)
         if better:
             # Pins that do nothing alone can pay off together (saved activations follow
             # the weights they meet): take the whole set instead of the greedy pick.
@@ -300,15 +321,18 @@ def _make_plan(
                 for c in conflicts
             ],
             placements=[
-                _placement(p, alone.get(p.id), *verdicts[p.id], names=names, framework=front_end, mesh=mesh)
+                _placement(p, alone.get(p.id), *verdicts[p.id], names, front_end, mesh, prepared.resolve)
                 for p in candidates
-            ],
+            ]
+            + [_unwritable(u, names, front_end, mesh, prepared.resolve) for u in unwritten],
             alternatives=alternatives,
             timeline_before=_timeline(before),
             timeline_after=_timeline(after),
         )
         # The request's warnings, then what the planner cannot help this step with (`plan_warnings`).
         plan.warnings = list(prepared.warnings) + plan_warnings(prepared)
+        if left_out is not None:
+            plan.warnings.append(PARTIAL_STEP_WARNING.format(left_out))
         plan.withdrawn = withdrawn
         plan.verdict = verdict(
             plan.hbm,
@@ -319,6 +343,7 @@ def _make_plan(
             band_for(prepared, before.memory.peak_chip_bytes),
             verify_command=verify_command(mesh, chip_name, capacity_bytes),
             framework=limited_to,
+            left_out=left_out,
         )
         if capacity_bytes is not None and after.memory.peak_chip_bytes > capacity_bytes:
             # Sharding is not enough: what holds the peak, and the changes beyond it, each predicted.
@@ -355,13 +380,30 @@ def _make_plan(
                 alternative.recommended, alternative.why = False, withdrawn
         plan, patched = assemble(before, verdicts, False, withdrawn), prepared.written_front
     plan.verification = checked
+    outside = _outside_band(checked, band_for(prepared, before.memory.peak_chip_bytes))
+    if outside is not None:
+        plan.warnings.append(outside)
     measured = measured_by_target(checked, prepared.compiler, withdrawn is not None)
     if measured is not None and plan.verdict is not None:
         # The compiler the plan is for measured the step: its bytes decide the verdict, no band needed.
         pin_every_name = PIN_EVERY_PARAMETER if pin_every and withdrawn is None else None
         plan.verdict = verdict(plan.hbm, plan.placements, pin_every_name, chip_name, withdrawn, measured=measured,
-                               framework=limited_to)  # fmt: skip
+                               framework=limited_to, left_out=left_out)  # fmt: skip
     return plan, patched
+
+
+def _outside_band(checked: Verification, band: Band | None) -> str | None:
+    """What to say when the compiler verify ran measured the step as given outside the band of the prediction
+    (our bytes for that compiler against its own): the band a verdict is drawn from did not hold here."""
+    predicted = checked.predicted_before_bytes
+    if band is None or predicted is None or checked.before_total_bytes <= 0:
+        return None
+    error = predicted / checked.before_total_bytes - 1
+    if band.under <= error <= band.over:
+        return None
+    return (f"{checked.xla} measured the step at {_mb(checked.before_total_bytes)} per device; the prediction, "
+            f"{_mb(predicted)}, is {error:+.1%} from it, outside its band ({band.under:+.1%} to {band.over:+.1%}, "
+            f"{band.kind}): trust the measured bytes over the band's verdict")  # fmt: skip
 
 
 def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None) -> Predicted:
@@ -391,6 +433,21 @@ UNCLAIMED_OUTPUT_WHY = (
     "{}'s compiler lends an output's allocation to its prefetches until the output is written, so returning "
     "this gradient smaller gives the bytes back to its heap; the model does not size that, so no saving is "
     "claimed (check it with --verify)"
+)
+
+
+# A step captured without part of what trains (`Manifest.left_out`: the optimizer's update) returns what that
+# part would read, sharded as nothing reads it: in the step that trains, the update's reads decide those
+# shardings, so what a placement saves on the partial step is not what it saves there. Applied, a gradient pin
+# of such a plan saved 0 of the 40 MiB it claimed on a transformers step with AdamW.
+PARTIAL_STEP_WHY = (
+    "the step planned leaves out {}, which decides how the step that trains shards what this changes, so its "
+    "saving there is unknown: not recommended (alone, on the partial step: {} -> {})"
+)
+PARTIAL_STEP_WARNING = (
+    "planned without {}: HBM per chip is of the partial step, and no placement is recommended from it; plan the "
+    "whole step (auto_plan(..., optimizer=optimizer), or gradients_only=True for a step that has no update) for "
+    "a change set to apply"
 )
 
 
@@ -502,10 +559,37 @@ def _alternative_why(before: int, greedy: int, everything: int, noise_bytes: int
     )
 
 
-def _placement(
-    p: Placement, alone: int | None, recommended: bool, why: str, names: NameTable, framework: str, mesh: Mesh | None
+def _unwritable(
+    u: Unwritable, names: NameTable, framework: str, mesh: Mesh | None, resolve: Callable[[str], str]
 ) -> PlacementInfo:
-    pinned = names.pinned(a.instruction for a in p.annotations)
+    """A placement the module as written has no instruction for: listed, not recommended, with no HLO edit and
+    the reason (its user-level form, where there is one, is still what the user would write)."""
+    info = _placement(u.placement, None, False, u.reason, names, framework, mesh, resolve)
+    info.annotations = []
+    return info
+
+
+def _without_unwritable(unwritable: list[Unwritable]) -> str:
+    """What pinning every scanned parameter leaves out: the pins the module as written cannot express."""
+    if not unwritable:
+        return ""
+    ids = ", ".join(u.placement.id for u in unwritable)
+    return f"; it leaves out {ids}, which the module as written has no instruction for"
+
+
+def _placement(
+    p: Placement,
+    alone: int | None,
+    recommended: bool,
+    why: str,
+    names: NameTable,
+    framework: str,
+    mesh: Mesh | None,
+    resolve: Callable[[str], str],
+) -> PlacementInfo:
+    """`p` for the plan; `resolve` takes its annotations' names (the module as written) to the names of the
+    module the name table was built on."""
+    pinned = names.pinned(resolve(a.instruction) for a in p.annotations)
     torch = None
     if p.torch_pin is not None:
         torch = TorchPinInfo(

@@ -138,12 +138,16 @@ def change_set_name(
     pin_every_name: str | None,
     withdrawn: str | None = None,
     framework: str | None = None,
+    left_out: str | None = None,
 ) -> str:
     """What the recommended placements are, in words; `framework` (torch_xla) narrows "no placement" to what
-    it can apply."""
+    it can apply; `left_out`, what the step planned leaves out of the step that trains, is why a partial step
+    gets none."""
     chosen = [p for p in placements if p.recommended]
     if withdrawn is not None:
         return f"no change: the change set was withdrawn, {withdrawn}"
+    if left_out is not None and not chosen:
+        return f"no change: the step planned leaves out {left_out}, which decides what a placement saves"
     if not chosen:
         which = f"no placement {framework} can apply" if framework else "no placement"
         return f"no change: {which} lowers HBM per chip"
@@ -164,13 +168,15 @@ def verdict(
     measured: Measured | None = None,
     verify_command: str | None = None,
     framework: str | None = None,
+    left_out: str | None = None,
 ) -> VerdictInfo:
     """The verdict from the plan's HBM numbers, or the compiler's when `measured`.
 
     `pin_every_name` names the change set when it is pin-every, `withdrawn` says why the compiler verify ran
     did not back it, `band` is the model's measured error on this kind of step (None: the point estimate
     decides), `verify_command` what to run when the band does not decide, `framework` the front end whose
-    handles the placements were limited to (torch_xla), for the words of an empty change set.
+    handles the placements were limited to (torch_xla), for the words of an empty change set, `left_out` what
+    the step planned leaves out of the step that trains (its change set is empty).
     """
     worst_before_chip, worst_before = _worst(hbm.per_chip_before)
     worst_after_chip, worst_after = _worst(hbm.per_chip_after)
@@ -178,7 +184,7 @@ def verdict(
         worst_before, worst_after, band = measured.before_bytes, measured.after_bytes, None
     capacity = hbm.capacity_bytes
     call_before, call_after = call(worst_before, capacity, band), call(worst_after, capacity, band)
-    name = change_set_name(placements, pin_every_name, withdrawn, framework)
+    name = change_set_name(placements, pin_every_name, withdrawn, framework, left_out)
     where = f"{chip} ({format_bytes(capacity)})" if chip and capacity is not None else format_bytes(capacity or 0)
     if capacity is None:
         summary = _no_capacity(worst_before, worst_after)

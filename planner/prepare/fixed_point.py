@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from planner.hlo.ir.module import HloModule
-from planner.prepare.rewrite import ModulePass, Rewrite
+from planner.prepare.rewrite import ModulePass, Rewrite, made_names
 
 ITERATION_LIMIT = 25
 
@@ -30,6 +30,7 @@ class FixedPoint:
 
     def run(self, module: HloModule) -> Rewrite:
         renamed: dict[str, str] = {}
+        made: dict[str, str] = {}
         done: dict[str, int] = {}
         for _ in range(ITERATION_LIMIT):
             changed = False
@@ -37,6 +38,7 @@ class FixedPoint:
                 rewrite = p.run(module)
                 if not rewrite.changed:
                     continue
+                made.update(rewrite.made or dict.fromkeys(made_names(module, rewrite.module), p.NAME))
                 module, changed = rewrite.module, True
                 renamed.update(rewrite.renamed)
                 done[p.NAME] = done.get(p.NAME, 0) + 1
@@ -45,4 +47,5 @@ class FixedPoint:
         if not done:
             return Rewrite(module)
         summary = ", ".join(f"{name} changed the module {n}x" for name, n in done.items())
-        return Rewrite(module, renamed, f"{self.name}: {summary}")
+        live = {i.name for c in module.computations for i in c}
+        return Rewrite(module, renamed, f"{self.name}: {summary}", {n: p for n, p in made.items() if n in live})

@@ -38,7 +38,7 @@ from planner.prepare.module_dce import HloModuleDce
 from planner.prepare.prepared import PassRecord, PreparedModule
 from planner.prepare.propagation_options import PropagationOptions
 from planner.prepare.reduce_rewriter import TpuReduceRewriter
-from planner.prepare.rewrite import ModulePass
+from planner.prepare.rewrite import ModulePass, made_names
 from planner.prepare.shardy_round_trip import ShardyRoundTrip
 from planner.prepare.sparse_gradient import SparseGradientRewrite
 from planner.prepare.while_simplifier import WhileLoopSimplifier
@@ -200,12 +200,12 @@ def _prepare(
     if partitioner_of(module) == SHARDY and not pass_input:
         # Shardy propagates the module as the compiler's passes leave it, Shardy's attributes and all;
         # everything after propagation reads that module as GSPMD's (`prepare.front.ShardyImport`).
-        shardy_front, aliases, records = _run(module, _front_passes(backend)[1:])
+        shardy_front, aliases, records, _ = _run(module, _front_passes(backend)[1:])
         front = ShardyImport().run(shardy_front).module
         return _target_passes(
             module, front, backend, mesh, options, aliases, records, warnings, disabled, shardy_front=shardy_front
         )
-    front, aliases, records = _run(module, (ShardyImport(),) if pass_input else _front_passes(backend))
+    front, aliases, records, _ = _run(module, (ShardyImport(),) if pass_input else _front_passes(backend))
     if pass_input:
         return PreparedModule(module, front, front, backend, mesh, options, aliases, while_loops(front),
                               tuple(records), warnings)  # fmt: skip
@@ -238,7 +238,9 @@ def annotate(prepared: PreparedModule, write: Callable[[HloModule], HloModule]) 
     invariant value it annotates, CSE compares shardings, the algebraic simplifier leaves annotated
     values alone, dead-code removal keeps an annotation of a value something reads), so writing
     them after the passes is writing them before. `write` must find its anchors in both modules:
-    the passes keep the names of the instructions and computations they do not remove.
+    the passes keep the names of the instructions and computations they do not remove, and an
+    anchor they retired is found where `aliases` says its value went (`apply_placements`). An
+    instruction a pass made (`made`) is no anchor: the module as written has nothing of it to annotate.
     """
     module = write(prepared.module)
     shardy = write(prepared.shardy) if prepared.shardy is not None else None
@@ -275,17 +277,18 @@ def _target_passes(
             # The loops as `shardy-xla`'s round trip through StableHLO leaves them (after the list order,
             # which its capture order depends on): what both Shardy and the partitioner see.
             passes = (*passes, ShardyRoundTrip())
-        shardy, target_aliases, target_records = _run(shardy_front, passes)
+        shardy, target_aliases, target_records, made = _run(shardy_front, passes)
         read = ShardyImport().run(shardy)
         module = read.module
         target_aliases = {**target_aliases, **read.renamed}
     else:
-        module, target_aliases, target_records = _run(front, passes)
+        module, target_aliases, target_records, made = _run(front, passes)
     merged = dict(aliases)
     merged.update(target_aliases)
     # A pass may give a new instruction a name an earlier one retired: the live instruction owns it.
     live = {i.name for c in module.computations for i in c}
     merged = {k: v for k, v in resolve_chains(merged).items() if k not in live}
+    made = {name: by for name, by in made.items() if name in live}
     return PreparedModule(
         source=source,
         front=front,
@@ -300,6 +303,7 @@ def _target_passes(
         disabled=disabled,
         shardy=shardy,
         shardy_front=shardy_front,
+        made=made,
     )
 
 
@@ -326,17 +330,23 @@ def _without(passes: Sequence[ModulePass], disabled: frozenset[str]) -> tuple[Mo
     return tuple(kept)
 
 
-def _run(module: HloModule, passes: Sequence[ModulePass]) -> tuple[HloModule, dict[str, str], list[PassRecord]]:
+def _run(
+    module: HloModule, passes: Sequence[ModulePass]
+) -> tuple[HloModule, dict[str, str], list[PassRecord], dict[str, str]]:
+    """The module after `passes`, the names they retired, what each did, and the instructions they made
+    (name -> the pass that made it, the innermost one of a fixed point)."""
     aliases: dict[str, str] = {}
     records: list[PassRecord] = []
+    made: dict[str, str] = {}
     for p in passes:
         rewrite = p.run(module)
         if rewrite.summary is None:
             continue
+        made.update(rewrite.made or dict.fromkeys(made_names(module, rewrite.module), pass_name(p)))
         module = rewrite.module
         aliases.update(rewrite.renamed)
         records.append(PassRecord(pass_name(p), p.MIRRORS, rewrite.summary))
-    return module, resolve_chains(aliases), records
+    return module, resolve_chains(aliases), records, made
 
 
 def pass_name(p: ModulePass) -> str:

@@ -29,7 +29,9 @@ class PreparedModule:
     `front` is it read as GSPMD with its calls inlined, the module placements are written against;
     `module` is `front` after the target's pre-partitioning passes, what propagation sees. On
     XLA:CPU the two are the same module. `aliases` maps every name the passes retired to the name
-    that now holds its value; `loops` are `module`'s While loops, found once.
+    that now holds its value; `made` names the instructions of `module` the target's passes made, by
+    the pass that made each (`front` has no such instruction, or one of that name holding another
+    value); `loops` are `module`'s While loops, found once.
     """
 
     source: HloModule
@@ -49,6 +51,7 @@ class PreparedModule:
     # instruction names (None: propagate `module` with GSPMD's rules); and `front` likewise.
     shardy: HloModule | None = None
     shardy_front: HloModule | None = None
+    made: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def compiler(self) -> str:

@@ -210,7 +210,7 @@ def layer_gradient(body: Computation, producer: str) -> str | None:
     """The one-layer gradient the accumulator's update carries, before carriers and shard_as.
 
     From the dynamic-update-slice that writes the layer, back through tuples,
-    reshapes that add the layer dim, copies and `shard_as` annotations, to the
+    reshapes that add the layer dim (or any size-1 dim), copies and `shard_as` annotations, to the
     op that computes it (for a weight gradient: the dot, or its transpose into
     the weight's layout). That value is what `mark_sharding_with_gradients`
     pins inside the scanned function.
@@ -225,13 +225,26 @@ def layer_gradient(body: Computation, producer: str) -> str | None:
             name, element = inst.operands[0], inst.attr("index")
         elif inst.opcode == "tuple" and element is not None:
             name, element = inst.operands[element], None
-        elif (inst.opcode in _CARRIERS and len(inst.operands) == 1) or (
+        elif (inst.opcode in _CARRIERS and len(inst.operands) == 1 and _same_tensor(inst, body[inst.operands[0]])) or (
             inst.opcode == "custom-call" and is_shard_group_only(inst.sharding)
         ):
             name = inst.operands[0]
         else:
             return name if element is None else None
     return None
+
+
+def _same_tensor(carrier: Instruction, operand: Instruction) -> bool:
+    """Whether `carrier` holds `operand`'s tensor with only size-1 dims added or dropped. A reshape that
+    regroups dims does not: XLA:TPU's `tpu-reduce-rewriter` leaves a bias gradient as `f32[8,32]` (heads,
+    head dim) reshaped to the bias's `f32[256]`, and the one-layer gradient to pin is the `f32[256]`."""
+    if not isinstance(carrier.shape, ArrayShape) or not isinstance(operand.shape, ArrayShape):
+        return False
+    return _without_ones(carrier.shape.dims) == _without_ones(operand.shape.dims)
+
+
+def _without_ones(dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in dims if d != 1)
 
 
 def is_shard_group_only(s: HloSharding | None) -> bool:

@@ -20,7 +20,7 @@ Two kinds:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from planner.hlo.ir.module import Attribute, Computation, HloModule, Instruction
@@ -225,12 +225,25 @@ def max_group_id(module: HloModule) -> int:
     return max(ids, default=-1)
 
 
-def apply_placements(module: HloModule, placements: list[Placement]) -> HloModule:
-    """A new module with every annotation of `placements` applied."""
+def apply_placements(
+    module: HloModule, placements: list[Placement], aliases: Mapping[str, str] | None = None
+) -> HloModule:
+    """A new module with every annotation of `placements` applied.
+
+    Annotations name instructions of the module as written (`PreparedModule.front`); in the module a
+    compiler's passes made of it, an instruction a pass retired is annotated where `aliases` (the
+    pipeline's renames) says its value now is.
+    """
     by_comp: dict[str, list[Annotation]] = {}
     for p in placements:
         for a in p.annotations:
             by_comp.setdefault(a.computation, []).append(a)
+    absent = sorted(set(by_comp) - {comp.name for comp in module.computations})
+    if absent:
+        raise ValueError(f"placement names {absent}, not computations of module {module.name}")
+    if aliases:
+        by_comp = {name: [_held(module.computation(name), a, aliases) for a in annotated]
+                   for name, annotated in by_comp.items()}  # fmt: skip
     taken = {inst.name for comp in module.computations for inst in comp}
     # In a Shardy module a pin is Shardy's sharding constraint too, as `with_sharding_constraint` writes it.
     meshes = module_meshes(module) if partitioner_of(module) == SHARDY else None
@@ -240,6 +253,13 @@ def apply_placements(module: HloModule, placements: list[Placement]) -> HloModul
         for comp in module.computations
     ]
     return dataclasses.replace(module, computations=tuple(comps))
+
+
+def _held(comp: Computation, a: Annotation, aliases: Mapping[str, str]) -> Annotation:
+    """`a` on the instruction of `comp` that holds its instruction's value (itself, where no pass retired it)."""
+    if a.instruction in comp:
+        return a
+    return dataclasses.replace(a, instruction=aliases.get(a.instruction, a.instruction))
 
 
 def _annotate(
