@@ -94,3 +94,17 @@ def test_a_plan_of_the_partial_step_recommends_nothing_and_says_why(runs: dict[s
     log = (runs["partial"] / "client.log").read_text()
     assert LEFT_OUT_WITHOUT_OPTIMIZER in log, log
     _same_step(runs, "partial")
+
+
+@pytest.mark.parametrize("chip", [None, "v6e"])
+def test_the_trained_step_plans_for_xla_cpu_and_v6e(runs: dict[str, Path], chip: str | None) -> None:
+    """The module torch_xla compiled for the step, as a user dumps it, plans with no error for either compiler;
+    every torch_xla line it prints compiles."""
+    command = [sys.executable, "-m", "planner", "plan", str(runs["plain"] / "step.hlo"), "--mesh", "fsdp=4,tensor=2"]
+    done = subprocess.run(command + (["--chip", chip] if chip else []), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "verdict:" in done.stdout
+    for line in done.stdout.splitlines():
+        if line.lstrip().startswith("torch_xla: "):  # a placement's line to paste (`plan_command`)
+            compile(line.split("torch_xla: ", 1)[1], "<plan>", "exec")
