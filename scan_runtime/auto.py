@@ -103,7 +103,7 @@ def plan_lines(result: PlanResult) -> list[str]:
 
 def _prediction_error(v: Verification) -> str:
     """How far the prediction of the step as given was from what the verifying compile measured."""
-    if v.predicted_before_bytes is None or v.before_total_bytes <= 0:
+    error = v.prediction_error()
+    if error is None:
         return ""
-    error = v.predicted_before_bytes / v.before_total_bytes - 1
-    return f"; the step was predicted at {format_bytes(v.predicted_before_bytes)}, {error:+.1%} from it"
+    return f"; the step was predicted at {format_bytes(v.predicted_before_bytes or 0)}, {error:+.1%} from it"

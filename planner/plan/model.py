@@ -253,6 +253,12 @@ class Verification(BaseModel):
     )
     seconds: float
 
+    def prediction_error(self) -> float | None:
+        """Our prediction of the step as given against what this compile measured, signed: (ours - XLA) / XLA."""
+        if self.predicted_before_bytes is None or self.before_total_bytes <= 0:
+            return None
+        return self.predicted_before_bytes / self.before_total_bytes - 1
+
 
 class VerifyNotRun(BaseModel):
     """`--verify` was asked and compiled nothing to compare: why, as a cause a client can act on and as the

@@ -256,14 +256,10 @@ def _make_plan(
                 placements=[p.id for p in every],
                 predicted_total=everything.total,
                 recommended=better,
-                why=IDLE_WHY
-                if idle
-                else _alternative_why(before.total, after.total, everything.total, min_bytes)
-                if left_out is None
-                else PARTIAL_STEP_WHY.format(left_out, _mb(before.total), _mb(everything.total)),
+                why=_every_pin_why(idle, left_out, before.total, after.total, everything.total, min_bytes)
+                + _without_unwritable(unwritable_pins),
             )
         )
-        alternatives[-1].why += _without_unwritable(unwritable_pins)
         if better:
             # Pins that do nothing alone can pay off together (saved activations follow
             # the weights they meet): take the whole set instead of the greedy pick.
@@ -395,15 +391,13 @@ def _make_plan(
 def _outside_band(checked: Verification, band: Band | None) -> str | None:
     """What to say when the compiler verify ran measured the step as given outside the band of the prediction
     (our bytes for that compiler against its own): the band a verdict is drawn from did not hold here."""
-    predicted = checked.predicted_before_bytes
-    if band is None or predicted is None or checked.before_total_bytes <= 0:
-        return None
-    error = predicted / checked.before_total_bytes - 1
-    if band.under <= error <= band.over:
+    error = checked.prediction_error()
+    if band is None or error is None or band.under <= error <= band.over:
         return None
     return (f"{checked.xla} measured the step at {_mb(checked.before_total_bytes)} per device; the prediction, "
-            f"{_mb(predicted)}, is {error:+.1%} from it, outside its band ({band.under:+.1%} to {band.over:+.1%}, "
-            f"{band.kind}): trust the measured bytes over the band's verdict")  # fmt: skip
+            f"{_mb(checked.predicted_before_bytes or 0)}, is {error:+.1%} from it, outside its band "
+            f"({band.under:+.1%} to {band.over:+.1%}, {band.kind}): trust the measured bytes over the band's "
+            "verdict")  # fmt: skip
 
 
 def _predicted(before: Simulation, after: Simulation, capacity_bytes: int | None) -> Predicted:
@@ -567,6 +561,15 @@ def _unwritable(
     info = _placement(u.placement, None, False, u.reason, names, framework, mesh, resolve)
     info.annotations = []
     return info
+
+
+def _every_pin_why(idle: bool, left_out: str | None, before: int, greedy: int, everything: int, noise: int) -> str:
+    """Why pinning every scanned parameter is, or is not, the change set."""
+    if idle:
+        return IDLE_WHY
+    if left_out is not None:
+        return PARTIAL_STEP_WHY.format(left_out, _mb(before), _mb(everything))
+    return _alternative_why(before, greedy, everything, noise)
 
 
 def _without_unwritable(unwritable: list[Unwritable]) -> str:
