@@ -63,9 +63,13 @@ class Backend:
     narrows_f32_dot_operands: bool = False
     alternate_memory_bytes: int = 0
     lends_unwritten_outputs: bool = False
-    # The compiler orders each computation for the least memory (XLA:CPU's memory scheduler), not for
-    # latency (XLA:TPU's and XLA:GPU's latency-hiding schedulers): the model measures that order too.
-    schedules_for_memory: bool = False
+    # The compiler runs each computation breadth-first (XLA:CPU's concurrency-optimized scheduler,
+    # `planner.memory.schedule.bfs_schedule`), not in the order it was written; XLA:TPU's and XLA:GPU's
+    # latency-hiding schedulers keep close to the written order, which the model walks as it is.
+    schedules_breadth_first: bool = False
+    # The buffer assignment places temporaries in the outputs' and donated parameters' allocations where
+    # their live ranges leave room (`planner.memory.live_out_reuse`), before it packs the rest in its heap.
+    temporaries_in_live_out_allocations: bool = False
     # Per group size, the FLOPs per byte of collective at which the partitioner makes a dot a windowed
     # einsum (`planner.memory.windowed_einsum`); empty: it never does.
     windowed_einsum_flops_per_byte: tuple[tuple[int, int], ...] = ()
@@ -132,7 +136,13 @@ def _tpu(chip: str, alternate_memory_mib: int) -> Backend:
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("cpu", "cpu", widens_half_floats=_xla_cpu_widens_half_floats(), schedules_for_memory=True),
+        Backend(
+            "cpu",
+            "cpu",
+            widens_half_floats=_xla_cpu_widens_half_floats(),
+            schedules_breadth_first=True,
+            temporaries_in_live_out_allocations=True,
+        ),
         Backend("tpu", "tpu", narrows_f32_dot_operands=True, lends_unwritten_outputs=True, all_reduces_in_place=True),
         _tpu("v6e", 96),
         _tpu("v5e", 112),

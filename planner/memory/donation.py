@@ -105,11 +105,17 @@ def outputs_in_parameter_buffers(module: HloModule, result: PropagationResult) -
     """The output leaves (positions in `array_leaves` of the entry root) written into a parameter's buffer:
     those `input_output_alias` ties and those XLA pairs with a registered buffer donor, sized per device with
     the shardings `result` gives."""
+    return set(output_parameter_pairs(module, result))
+
+
+def output_parameter_pairs(module: HloModule, result: PropagationResult) -> dict[int, tuple[int, ShapeIndex]]:
+    """`outputs_in_parameter_buffers` with the parameter leaf each output is written into:
+    {output leaf position: (parameter number, parameter shape index)}."""
     entry = module.entry
     root_indices = leaf_indices(entry.root.shape)
-    declared = set(declared_aliases(module))
+    declared = declared_aliases(module)
     if not buffer_donors(module):
-        return {k for k, index in enumerate(root_indices) if index in declared}
+        return {k: declared[index] for k, index in enumerate(root_indices) if index in declared}
     parameter_bytes = {}
     for param in entry.parameters:
         shardings = leaf_shardings(param.shape, sharding_of(result, param.name))
@@ -119,4 +125,5 @@ def outputs_in_parameter_buffers(module: HloModule, result: PropagationResult) -
     leaves = array_leaves(entry.root.shape)
     output_bytes = [(index, per_device_bytes(leaf, s)) for index, leaf, s in zip(root_indices, leaves, root_shardings)]
     donated = donated_outputs(module, parameter_bytes, output_bytes)
-    return {k for k, index in enumerate(root_indices) if index in declared or index in donated}
+    tied = declared | donated
+    return {k: tied[index] for k, index in enumerate(root_indices) if index in tied}

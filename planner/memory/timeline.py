@@ -108,8 +108,12 @@ def _position(comp: Computation, name: str) -> int:
 
 
 def _entry_temporaries(estimate: MemoryEstimate) -> list[Buffer]:
-    """What the model sums at each entry position (its `temps`)."""
-    return [b for b in estimate.buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
+    """What the model sums at each entry position (its `temps`): not those held in an output's allocation."""
+    return [
+        b
+        for b in estimate.buffers
+        if b.start >= 0 and b.category in ("temporary", "loop-carried") and b.id not in estimate.in_live_out
+    ]
 
 
 def _body_live(
