@@ -35,7 +35,7 @@ from planner.memory.conversions import (
     updating_dot,
     widened_bytes,
 )
-from planner.memory.donation import leaf_indices, output_parameter_pairs
+from planner.memory.donation import ShapeIndex, leaf_indices
 from planner.memory.heap_packing import layer_count, packing_bytes
 from planner.memory.live_out_reuse import LiveOutAllocation, place_in_live_out_allocations
 from planner.memory.loops_run_once import remove_loops_run_once
@@ -284,7 +284,7 @@ def _estimate_in_order(
     temps = [b for b in buffers if b.start >= 0 and b.category in ("temporary", "loop-carried")]
     in_live_out: frozenset[int] = frozenset()
     if backend.temporaries_in_live_out_allocations:
-        allocations = _live_out_allocations(module, result, root_keys, by_key, uf, end_position)
+        allocations = _live_out_allocations(module, model.output_parameters, root_keys, by_key, uf, end_position)
         placed = place_in_live_out_allocations(temps, allocations)
         in_live_out = frozenset(temps[k].id for k in placed)
         temps = [b for b in temps if b.id not in in_live_out]
@@ -376,7 +376,7 @@ def _held_by_consumers(comp: Computation, model: ValueModel) -> set[str]:
 
 def _live_out_allocations(
     module: HloModule,
-    result: PropagationResult,
+    pairs: dict[int, tuple[int, ShapeIndex]],
     root_keys: list[Value],
     by_key: dict[Value, Buffer],
     uf: UnionFind,
@@ -387,7 +387,6 @@ def _live_out_allocations(
     parameter's first to its last read as well."""
     entry = module.entry
     parameters = {inst.parameter_number: inst for inst in entry.parameters}
-    pairs = output_parameter_pairs(module, result)
     allocations = []
     for k, key in enumerate(root_keys):
         output = by_key.get(key)

@@ -24,7 +24,7 @@ from planner.memory.buffers import (
     per_device_bytes,
     sharding_of,
 )
-from planner.memory.donation import outputs_in_parameter_buffers
+from planner.memory.donation import ShapeIndex, output_parameter_pairs
 from planner.memory.host_offload import TO_DEVICE, TO_HOST, movement, offload_starts
 from planner.propagation import PropagationResult
 from planner.sharding.hlo_sharding import HloSharding
@@ -87,6 +87,8 @@ class ValueModel:
         # Output leaves written into a parameter's buffer (aliased or paired with a donor): not buffers of
         # their own, and subtracted from the total as XLA's alias bytes.
         self.outputs_in_parameters: set[int] = set()
+        # Each of those output leaves: the (parameter number, parameter shape index) it is written into.
+        self.output_parameters: dict[int, tuple[int, ShapeIndex]] = {}
 
     def value(self, comp: str, name: str, leaf: int) -> Value:
         return (comp, name, leaf)
@@ -103,7 +105,8 @@ class ValueModel:
                 self._define(comp, inst)
                 if self.accelerator and movement(inst) == TO_HOST:
                     self.host_starts += [self.value(comp.name, start, 0) for start, _ in offload_starts(comp, inst)]
-        self.outputs_in_parameters = outputs_in_parameter_buffers(self.module, self.result)
+        self.output_parameters = output_parameter_pairs(self.module, self.result)
+        self.outputs_in_parameters = set(self.output_parameters)
         self._outputs_reuse_dying_operands()
         if self.all_reduces_in_place:
             self._all_reduces_write_in_place()
