@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO
 
 from planner import parse_hlo, parse_hlo_file
+from planner.memory import memory_report, memory_timeline
 from planner.memory.model import estimate_module
 from planner.memory.sparse_core import offloaded_gathers
 from planner.prepare import prepare
@@ -138,3 +139,14 @@ def test_the_command_line_takes_the_libtpu_release_and_refuses_a_malformed_one(t
     bad = subprocess.run([sys.executable, "-m", "planner", "memory", str(step), "--libtpu", "latest"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "'latest' is not a libtpu release" in bad.stderr
+
+
+def test_the_timeline_holds_a_sparse_core_table_to_the_step_s_end() -> None:
+    """The tables are held from the first position through the last (`end` is one past it): the entry's timeline
+    (what a plan draws) reads them at every position and peaks at the report's total."""
+    prepared = prepare(parse_hlo(EMBEDDING), "v5p", libtpu="0.0.52")
+    result = propagate(prepared)
+    report = memory_report(prepared, result=result)
+    (entry, *_) = memory_timeline(prepared, result)
+    assert _sparse_core_bytes(EMBEDDING, "v5p", "0.0.52") > 0
+    assert entry.live_bytes == [report.total_bytes] * len(entry.positions)

@@ -154,11 +154,14 @@ def _reachable(module: HloModule) -> list[str]:
 
 
 def _live(length: int, spans: list[tuple[int, int, int]]) -> list[int]:
-    """Bytes live at each position, from (start, end, bytes) spans, both ends included."""
+    """Bytes live at each position, from (start, end, bytes) spans, both ends included; a span held to the
+    step's end (`end == length`, SparseCore's tables) is live to its last position, as `peak_of_spans` reads it."""
     delta = [0] * (length + 1)
     for start, end, size in spans:
-        delta[start] += size
-        delta[end + 1] -= size
+        if end < start or start >= length:
+            continue
+        delta[max(start, 0)] += size
+        delta[min(end, length - 1) + 1] -= size
     live, running = [], 0
     for d in delta[:length]:
         running += d
