@@ -361,10 +361,10 @@ def smaller_microbatch(step: Step) -> NextStepInfo:
     per_chip = math.ceil(batch / tiles)
     tried: dict[int, int] = {}
     divisor = 2
-    while divisor <= MAX_BATCH_DIVISOR:
+    while True:
         tried[divisor] = predict_smaller_microbatch(step, divisor)
         shrinks = math.ceil(batch / (tiles * divisor * 2)) < math.ceil(batch / (tiles * divisor))
-        if _fits(tried[divisor], step.capacity_bytes) or not shrinks:
+        if _fits(tried[divisor], step.capacity_bytes) or not shrinks or divisor * 2 > MAX_BATCH_DIVISOR:
             break
         divisor *= 2
     fits = _fits(tried[divisor], step.capacity_bytes)
