@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from cli import (
+    maxtext_command,
     memory_command,
     parse_command,
     plan_command,
@@ -24,7 +25,15 @@ from cli import (
 )
 from planner.errors import TOO_DEEP, PlannerError
 
-_COMMANDS = (parse_command, propagate_command, memory_command, plan_command, serve_command, search_command)
+_COMMANDS = (
+    parse_command,
+    propagate_command,
+    memory_command,
+    plan_command,
+    maxtext_command,
+    serve_command,
+    search_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

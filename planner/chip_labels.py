@@ -9,7 +9,12 @@ from __future__ import annotations
 
 def chip_ranges(chips: list[str], max_ranges: int = 4) -> str:
     """`0-63, 128-191`: chip ids as runs; past `max_ranges` runs, the first ones and an ellipsis."""
-    ids = sorted(int(c) for c in chips)
+    return index_ranges([int(c) for c in chips], max_ranges)
+
+
+def index_ranges(indices: list[int], max_ranges: int = 4) -> str:
+    """`0-61` or `0-3, 5, 7-9, …`: integers as runs; past `max_ranges` runs, the first ones and an ellipsis."""
+    ids = sorted(indices)
     runs: list[tuple[int, int]] = []
     for i in ids:
         if runs and i == runs[-1][1] + 1:

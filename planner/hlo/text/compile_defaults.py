@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from planner.chip_labels import index_ranges
 from planner.hlo.ir.frontend_attributes import FrontendAttributes
 from planner.hlo.ir.module import Attribute, HloModule, Instruction
 from planner.hlo.ir.shapes import ArrayShape
@@ -142,6 +143,10 @@ def flags_text(flags: Iterable[bool]) -> str:
 
 
 def _outputs(indices: list[int]) -> str:
+    """`output 3`, `outputs 0-61`, `40 outputs (0-3, 5, 7-9, …)`: a step's outputs run to hundreds."""
     if not indices:
         return "no output"
-    return ("output " if len(indices) == 1 else "outputs ") + ", ".join(map(str, indices))
+    if len(indices) == 1:
+        return f"output {indices[0]}"
+    ranges = index_ranges(indices, max_ranges=4)
+    return f"{len(indices)} outputs ({ranges})" if "…" in ranges else f"outputs {ranges}"
